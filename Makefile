@@ -1,0 +1,50 @@
+# Every target does its own set-up on a fresh machine: virtualenv, Python packages, JVM jars.
+# Caches (pip's, and cdcsync's Maven cache under ~/.cache/cdcsync) make later runs fast and offline.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint unit integration e2e bench install jars clean
+
+$(DEPS_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@rm -f $(VENV)/.deps-*; touch $@
+
+$(JARS_STAMP): $(DEPS_STAMP)
+	$(BIN)/python -m cdcsync.runtime.jars
+	@rm -f $(VENV)/.jars-*; touch $@
+
+install: $(DEPS_STAMP)
+jars: $(JARS_STAMP)
+
+lint: install
+	$(BIN)/ruff check cdcsync tests benchmarks
+	$(BIN)/mypy
+
+test: jars lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+integration: jars
+	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+
+e2e: jars
+	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+demo: jars
+	$(BIN)/python examples/demo.py
+
+bench: jars
+	$(BIN)/python benchmarks/upsert.py
+
+clean:
+	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+"""``python -m cdcsync`` is the ``cdcsync`` command."""
+
+from cdcsync.cli import main
+
+main()

@@ -1,0 +1,316 @@
+"""The ``cdcsync`` command line. Thin: parse flags, call the layers below, render with Rich.
+
+Results go to stdout; progress, logs and errors to stderr. Exit codes: 0 ok, 1 runtime failure, 2 invalid input.
+A user error prints one clean line (plus a hint); ``--debug`` adds the traceback for bug reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cdcsync import __version__
+from cdcsync.config.pipeline import Pipeline, load_pipeline
+from cdcsync.config.settings import Settings, load_settings, redact_dsn
+from cdcsync.errors import EXIT_INVALID_INPUT, EXIT_OK, CdcsyncError, ConfigError, exit_code_for
+
+app = typer.Typer(
+    name="cdcsync",
+    help="Debezium changelogs from Kafka through Spark into exactly-equal Postgres targets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+dev_app = typer.Typer(help="Local services (Postgres, Kafka) for demos and tests; no Docker needed.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+
+out = Console()
+err = Console(stderr=True)
+_state: dict[str, Any] = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PipelineArg = Annotated[Path, typer.Argument(help="Pipeline YAML file.", show_default=False)]
+MigrationsDirOpt = Annotated[
+    Path | None, typer.Option("--migrations-dir", help="Where migrations live (default ./migrations).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"cdcsync {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Checkpoints and dev-stack data (CDCSYNC__STATE_DIR).")
+    ] = None,
+) -> None:
+    _state["debug"] = debug
+    _state["state_dir"] = state_dir
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # py4j logs every exception raised in a foreachBatch callback with its traceback; cdcsync reports it itself.
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.INFO if debug else logging.CRITICAL)
+
+
+def handles_errors(command: F) -> F:
+    """Turn CdcsyncErrors into one clean line and the contract's exit code."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except CdcsyncError as error:
+            if _state["debug"]:
+                err.print_exception(show_locals=False)
+            err.print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
+            if error.hint:
+                err.print(f"[dim]hint:[/] {error.hint}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exit_code_for(error)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings(migrations_dir: Path | None = None) -> Settings:
+    return load_settings(migrations_dir=migrations_dir, state_dir=_state.get("state_dir"))
+
+
+def _pipeline(path: Path) -> Pipeline:
+    return load_pipeline(path)
+
+
+# ------------------------------------------------------------------------------------------------ validate
+
+
+@app.command()
+@handles_errors
+def validate(pipeline_file: PipelineArg) -> None:
+    """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid)."""
+    pipeline = _pipeline(pipeline_file)
+    out.print(
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.sources)} source(s), "
+        f"{len(pipeline.sinks)} sink(s)",
+        highlight=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ migrations
+
+
+@app.command()
+@handles_errors
+def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
+    """Render the pipeline's DDL into the next numbered migration file(s) for review."""
+    from cdcsync.sql import migrations
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file)
+    result = migrations.init(pipeline, settings.migrations_dir)
+    out.print(result.summary(), highlight=False)
+    if not result.up_to_date:
+        out.print(f"review them, then apply with `cdcsync migrate {pipeline_file}` (or psql -f)", highlight=False)
+
+
+@app.command()
+@handles_errors
+def migrate(
+    pipeline_file: PipelineArg,
+    migrations_dir: MigrationsDirOpt = None,
+    status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
+) -> None:
+    """Apply pending migrations to Postgres (development and demos; a DBA may use psql instead)."""
+    from cdcsync.sql import migrations
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file)
+    with _connect(settings) as conn:
+        if status:
+            table = Table("migration", "state")
+            for item in migrations.status(conn, pipeline.name, settings.migrations_dir):
+                colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
+                table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
+            out.print(table)
+            return
+        applied = migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+    if not applied:
+        out.print("nothing to apply; the database is up to date")
+    for item in applied:
+        out.print(f"applied {item.path}", highlight=False)
+
+
+def _connect(settings: Settings) -> Any:
+    import psycopg
+
+    from cdcsync.errors import ServiceError
+
+    try:
+        return psycopg.connect(settings.postgres_dsn, connect_timeout=10)
+    except psycopg.OperationalError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "connection failed"
+        raise ServiceError(
+            f"connecting to Postgres at {redact_dsn(settings.postgres_dsn)}: {first_line}",
+            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__POSTGRES__DSN",
+            retriable=True,
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+@app.command()
+@handles_errors
+def run(
+    pipeline_file: PipelineArg,
+    available_now: Annotated[
+        bool, typer.Option("--available-now", help="Drain what is in Kafka now, then exit 0.")
+    ] = False,
+    migrations_dir: MigrationsDirOpt = None,
+) -> None:
+    """Stream the pipeline. Ctrl-C (or SIGTERM) finishes the current batch and exits cleanly."""
+    from cdcsync.runtime.live import ProgressView
+    from cdcsync.runtime.spark import build_spark_session
+    from cdcsync.runtime.stream import PipelineRunner
+    from cdcsync.sql import migrations
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file)
+    with _connect(settings) as conn:
+        migrations.check_ready(
+            conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
+        )
+
+    runner = PipelineRunner(pipeline, settings, available_now=available_now)
+    runner.install_signal_handlers()
+    err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
+    spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
+    try:
+        with ProgressView(err) as view:
+            snapshot = runner.run(spark, on_progress=view.update)
+    finally:
+        spark.stop()
+    for sink_id, stats in snapshot.sinks.items():
+        out.print(
+            f"sink {sink_id} -> {snapshot.sink_targets[sink_id]}: {stats.batches} batch(es), "
+            f"{stats.rows_out:,} change(s) applied",
+            highlight=False,
+        )
+    for source_id, source_stats in snapshot.sources.items():
+        if source_stats.dead_letters:
+            out.print(
+                f"source {source_id}: {source_stats.dead_letters} message(s) sent to cdcsync.dead_letters",
+                highlight=False,
+            )
+
+
+# ------------------------------------------------------------------------------------------------ status
+
+
+@app.command()
+@handles_errors
+def status(pipeline_file: PipelineArg) -> None:
+    """Lag per partition, last committed batch and row counts per sink."""
+    from cdcsync.runtime.status import pipeline_status
+
+    settings = _settings()
+    pipeline = _pipeline(pipeline_file)
+    report = pipeline_status(pipeline, settings)
+    lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
+    for row in report.partitions:
+        lag.add_row(row.source, f"{row.topic}/{row.partition}", str(row.committed), str(row.end), f"{row.lag:,}")
+    out.print(lag)
+    sinks = Table("sink", "target", "last batch", "committed at", "rows")
+    for sink in report.sinks:
+        sinks.add_row(sink.sink, sink.target, str(sink.last_batch), str(sink.committed_at or "-"), f"{sink.rows:,}")
+    out.print(sinks)
+    if report.dead_letters:
+        out.print(f"dead letters: {report.dead_letters}")
+
+
+# ------------------------------------------------------------------------------------------------ dev stack
+
+
+def _devstack_config() -> Any:
+    from cdcsync.devstack import DevStackConfig
+
+    settings = _settings()
+    return DevStackConfig(
+        state_dir=settings.state_dir.resolve(),
+        postgres_port=settings.devstack.postgres_port,
+        kafka_port=settings.devstack.kafka_port,
+        kafka_controller_port=settings.devstack.kafka_controller_port,
+    )
+
+
+def _print_stack_status(status: Any) -> None:
+    table = Table("service", "state", "pid", "address", "log")
+    for name, info in status.items():
+        colour = "green" if info.running else "red"
+        table.add_row(name, f"[{colour}]{info.state}[/]", str(info.pid or "-"), info.address, str(info.log_file))
+    out.print(table)
+
+
+@dev_app.command("up")
+@handles_errors
+def dev_up() -> None:
+    """Start Postgres and Kafka locally (idempotent)."""
+    from cdcsync.devstack import up
+
+    err.print("starting the dev stack (first run downloads Kafka jars) …")
+    _print_stack_status(up(_devstack_config()))
+
+
+@dev_app.command("down")
+@handles_errors
+def dev_down() -> None:
+    """Stop the services `dev up` started (by their recorded pids)."""
+    from cdcsync.devstack import down
+
+    down(_devstack_config())
+    out.print("dev stack stopped")
+
+
+@dev_app.command("status")
+@handles_errors
+def dev_status() -> None:
+    """Show whether the dev services are running."""
+    from cdcsync.devstack import status as stack_status
+
+    _print_stack_status(stack_status(_devstack_config()))
+
+
+@dev_app.command("env")
+@handles_errors
+def dev_env() -> None:
+    """Print `export` lines pointing cdcsync (and you) at the dev stack: eval "$(cdcsync dev env)"."""
+    from cdcsync.devstack import env_lines
+
+    for line in env_lines(_devstack_config()):
+        typer.echo(line)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as error:  # raised while parsing settings before a command's own handler runs
+        err.print(f"error: {error}")
+        sys.exit(EXIT_INVALID_INPUT)
+    sys.exit(EXIT_OK)

@@ -1,0 +1,319 @@
+"""The pipeline YAML: typed, validated in one place, every problem reported with its exact YAML path.
+
+Vocabulary follows Streamling (``sources`` / ``transforms`` / ``sinks``, ``from``, ``primary_key``) so that a
+Streamling pipeline reads naturally here. Validation runs before Spark starts: :func:`load_pipeline` either
+returns a fully checked :class:`Pipeline` or raises :class:`~cdcsync.errors.ConfigError` listing *every*
+problem as ``path.to.key: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
+from cdcsync.errors import ConfigError
+
+METADATA_COLUMNS: tuple[str, ...] = ("_cdc_op", "_cdc_version", "_cdc_ts", "_cdc_topic", "_cdc_partition", "_cdc_offset")
+"""Columns every decoded change row carries beside the business columns (DESIGN.md, "Metadata columns")."""
+
+RESERVED_COLUMNS: tuple[str, ...] = ("_batch_id", "_dlq_reason", "_dlq_key", "_dlq_value")
+"""Used by staging tables and the decoder's dead-letter fields."""
+
+POSTGRES_MAX_IDENTIFIER = 63
+_PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+class _Model(BaseModel):
+    """Unknown keys are refused: a typo in YAML must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+def _as_key_list(value: str | list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else list(value)
+
+
+class KafkaSource(_Model):
+    """A Debezium changelog topic."""
+
+    type: Literal["kafka"]
+    topic: str = Field(min_length=1)
+    format: Literal["json"] = "json"
+    primary_key: list[str] | None = None
+    columns: dict[str, str] = Field(min_length=1)
+    on_decode_error: Literal["dlq", "fail"] = "dlq"
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    options: dict[str, str] = Field(default_factory=dict)
+    """Native Kafka consumer / Spark Kafka source options passed through verbatim (e.g. ``kafka.security.protocol``)."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+
+    @field_validator("columns")
+    @classmethod
+    def _column_types_parse(cls, columns: dict[str, str]) -> dict[str, str]:
+        for name, type_text in columns.items():
+            if not isinstance(type_text, str):
+                raise ValueError(f"column '{name}': type must be a string such as 'bigint'")
+        return columns
+
+    def column_types(self) -> dict[str, PgType]:
+        return {name: parse_pg_type(type_text) for name, type_text in self.columns.items()}
+
+
+class PostgresSink(_Model):
+    """A mirror table: one row per primary key, newest version wins."""
+
+    type: Literal["postgres"]
+    from_: str = Field(alias="from", min_length=1)
+    schema_: str = Field(default="public", alias="schema", min_length=1)
+    table: str = Field(min_length=1)
+    primary_key: list[str] | None = None
+    delete_mode: Literal["hard", "soft"] = "hard"
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+
+
+SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
+SINK_TYPES: dict[str, type[_Model]] = {"postgres": PostgresSink}
+PLANNED_SINK_TYPES = ("postgres_aggregate", "clickhouse", "dynamic_table", "delta", "print")
+PLANNED_TRANSFORM_TYPES = ("sql", "dynamic_table")
+
+
+class Pipeline(_Model):
+    name: str
+    sources: dict[str, KafkaSource]
+    transforms: dict[str, Any] = Field(default_factory=dict)
+    sinks: dict[str, PostgresSink]
+    path: Path | None = Field(default=None, exclude=True)
+
+    def source_of(self, sink: PostgresSink) -> KafkaSource:
+        return self.sources[sink.from_]
+
+    def sink_primary_key(self, sink: PostgresSink) -> list[str]:
+        """The sink's key: its own ``primary_key``, else its source's (validation guarantees one exists)."""
+        key = sink.primary_key or self.source_of(sink).primary_key
+        assert key is not None, "validated pipelines always have a sink key"
+        return key
+
+    def sinks_of(self, source_id: str) -> dict[str, PostgresSink]:
+        return {sink_id: sink for sink_id, sink in self.sinks.items() if sink.from_ == source_id}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _path(*parts: Any) -> str:
+    return ".".join(str(p) for p in parts if p != "")
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
+    """Turn pydantic's errors into ``yaml.path: message`` lines with friendlier wording."""
+    problems = []
+    allowed = sorted(f.alias or name for name, f in model.model_fields.items() if name != "path")
+    for item in error.errors():
+        loc = list(item["loc"])
+        path = _path(prefix, *loc)
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            message = f"unknown key{_did_you_mean(key, allowed)}; allowed keys: {', '.join(allowed)}"
+        elif kind == "missing":
+            message = "required key is missing"
+        elif kind == "literal_error":
+            expected = item.get("ctx", {}).get("expected", "")
+            message = f"{item['input']!r} is not one of {expected}"
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+        problems.append(f"{path}: {message}")
+    return problems
+
+
+def _validate_entry(
+    section: str, entry_id: str, raw: Any, registry: dict[str, type[_Model]], planned: tuple[str, ...]
+) -> tuple[_Model | None, list[str]]:
+    where = _path(section, entry_id)
+    if not isinstance(raw, dict):
+        return None, [f"{where}: expected a mapping of keys, got {type(raw).__name__}"]
+    kind = raw.get("type")
+    if kind is None:
+        return None, [f"{where}.type: required key is missing; one of {', '.join(registry)}"]
+    if kind not in registry:
+        if kind in planned:
+            return None, [f"{where}.type: '{kind}' is not available in this version of cdcsync yet"]
+        choices = list(registry) + list(planned)
+        return None, [f"{where}.type: '{kind}' is not one of {', '.join(registry)}{_did_you_mean(str(kind), choices)}"]
+    model = registry[kind]
+    try:
+        return model.model_validate(raw), []
+    except ValidationError as error:
+        return None, _pydantic_problems(where, error, model)
+
+
+def _check_identifier(path: str, name: str, problems: list[str]) -> None:
+    if len(name.encode()) > POSTGRES_MAX_IDENTIFIER:
+        problems.append(f"{path}: '{name}' is longer than Postgres' {POSTGRES_MAX_IDENTIFIER}-byte identifier limit")
+    if any(ord(ch) < 32 for ch in name):
+        problems.append(f"{path}: identifiers cannot contain control characters")
+
+
+def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> None:
+    where = _path("sources", source_id)
+    for name, type_text in source.columns.items():
+        _check_identifier(f"{where}.columns.{name}", name, problems)
+        if name in METADATA_COLUMNS or name.startswith("_cdc_") or name in RESERVED_COLUMNS:
+            problems.append(
+                f"{where}.columns.{name}: names starting with '_cdc_' and {', '.join(RESERVED_COLUMNS)} are reserved"
+            )
+        try:
+            parse_pg_type(type_text)
+        except UnknownTypeError as error:
+            problems.append(f"{where}.columns.{name}: {error}")
+    for key in source.primary_key or []:
+        if key not in source.columns:
+            problems.append(
+                f"{where}.primary_key: column '{key}' is not in the source's columns"
+                f"{_did_you_mean(key, list(source.columns))}"
+            )
+    if source.primary_key is not None and len(set(source.primary_key)) != len(source.primary_key):
+        problems.append(f"{where}.primary_key: a column is listed twice")
+    for option in source.options:
+        if option in {"subscribe", "subscribePattern", "assign", "includeHeaders"}:
+            problems.append(f"{where}.options.{option}: set by cdcsync itself; use 'topic' instead")
+
+
+def _check_sink(pipeline_name: str, sink_id: str, sink: PostgresSink, sources: dict[str, KafkaSource],
+                declared_sources: set[str], problems: list[str]) -> None:
+    where = _path("sinks", sink_id)
+    _check_identifier(f"{where}.schema", sink.schema_, problems)
+    _check_identifier(f"{where}.table", sink.table, problems)
+    if sink.from_ in declared_sources and sink.from_ not in sources:
+        return  # the source itself is invalid and already reported
+    if sink.from_ not in sources:
+        known = sorted(declared_sources)
+        problems.append(
+            f"{where}.from: '{sink.from_}' is not a source{_did_you_mean(sink.from_, known)}; "
+            f"known: {', '.join(known) or 'none'}"
+        )
+        return
+    source = sources[sink.from_]
+    key = sink.primary_key or source.primary_key
+    if key is None:
+        problems.append(
+            f"{where}.primary_key: required, because source '{sink.from_}' declares no primary_key "
+            "(the mirror table needs its key before the first message arrives)"
+        )
+        return
+    for column in key:
+        if column not in source.columns:
+            problems.append(
+                f"{where}.primary_key: column '{column}' is not in source '{sink.from_}'"
+                f"{_did_you_mean(column, list(source.columns))}"
+            )
+    if len(set(key)) != len(key):
+        problems.append(f"{where}.primary_key: a column is listed twice")
+    internal_name = f"{pipeline_name}__{sink_id}__tombstones"
+    _check_identifier(where, sink_id, problems)
+    if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
+        problems.append(f"{where}: pipeline name plus sink id is too long for the internal staging table names")
+
+
+def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
+    """Validate a parsed YAML document; raise ConfigError with every problem found."""
+    where = str(path) if path else "pipeline"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the pipeline file must be a YAML mapping with name, sources and sinks")
+    problems: list[str] = []
+    allowed_top = ["name", "sources", "transforms", "sinks"]
+    for key in raw:
+        if key not in allowed_top:
+            problems.append(f"{key}: unknown key{_did_you_mean(str(key), allowed_top)}; allowed: {', '.join(allowed_top)}")
+
+    name = raw.get("name")
+    if name is None:
+        problems.append("name: required key is missing (it namespaces checkpoints, ledger rows and consumer groups)")
+    elif not isinstance(name, str) or not _PIPELINE_NAME_RE.match(name):
+        problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
+
+    sources: dict[str, KafkaSource] = {}
+    sinks: dict[str, PostgresSink] = {}
+    for section, registry, planned, into in (
+        ("sources", SOURCE_TYPES, (), sources),
+        ("sinks", SINK_TYPES, PLANNED_SINK_TYPES, sinks),
+    ):
+        entries = raw.get(section)
+        if not entries:
+            problems.append(f"{section}: at least one entry is required")
+            continue
+        if not isinstance(entries, dict):
+            problems.append(f"{section}: expected a mapping of id -> definition")
+            continue
+        for entry_id, entry in entries.items():
+            model, entry_problems = _validate_entry(section, str(entry_id), entry, registry, planned)
+            problems.extend(entry_problems)
+            if model is not None:
+                into[str(entry_id)] = model  # type: ignore[assignment]
+
+    transforms = raw.get("transforms") or {}
+    if not isinstance(transforms, dict):
+        problems.append("transforms: expected a mapping of id -> definition")
+        transforms = {}
+    for transform_id, transform in transforms.items():
+        kind = transform.get("type") if isinstance(transform, dict) else None
+        problems.append(
+            f"transforms.{transform_id}.type: '{kind}' transforms are not available in this version of cdcsync yet; "
+            "leave 'transforms' empty"
+        )
+    for duplicate in set(sources) & set(transforms):
+        problems.append(f"transforms.{duplicate}: id is already used by a source")
+
+    declared_sources = {str(k) for k in raw["sources"]} if isinstance(raw.get("sources"), dict) else set()
+    for source_id, source in sources.items():
+        _check_source(source_id, source, problems)
+    seen_tables: dict[tuple[str, str], str] = {}
+    for sink_id, sink in sinks.items():
+        _check_sink(str(name), sink_id, sink, sources, declared_sources, problems)
+        target = (sink.schema_, sink.table)
+        if target in seen_tables:
+            problems.append(
+                f"sinks.{sink_id}.table: {sink.schema_}.{sink.table} is already the target of sink '{seen_tables[target]}'"
+            )
+        seen_tables[target] = sink_id
+
+    if problems:
+        raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
+    return Pipeline(name=name, sources=sources, transforms=transforms, sinks=sinks, path=path)
+
+
+def load_pipeline(path: Path) -> Pipeline:
+    """Read and validate a pipeline file."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such pipeline file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the pipeline file: {error.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
+    return validate_pipeline_dict(raw, path)

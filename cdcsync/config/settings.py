@@ -1,0 +1,157 @@
+"""Connection and runtime settings.
+
+Precedence, lowest first: built-in defaults < ``cdcsync.yaml`` < ``CDCSYNC__...`` environment variables < CLI
+flags. Nesting uses ``__`` (``CDCSYNC__POSTGRES__DSN``, ``CDCSYNC__KAFKA__OPTIONS__SECURITY_PROTOCOL``), as
+Kubernetes secrets and 12-factor deployments expect. When nothing is set, every connection points at the local
+dev stack (``cdcsync dev up``), so a new user needs no configuration at all.
+
+Secrets (the Postgres DSN may hold a password) are ``SecretStr``: they never show in ``repr`` or logs; use
+:func:`redact_dsn` to display a DSN.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from cdcsync.errors import ConfigError
+
+SETTINGS_FILE_ENV = "CDCSYNC_CONFIG"
+DEFAULT_SETTINGS_FILE = Path("cdcsync.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DevStackSettings(_Section):
+    """Ports of the local services started by ``cdcsync dev up``."""
+
+    postgres_port: int = 54329
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str | None = None
+    options: dict[str, str] = Field(default_factory=dict)
+    """Native consumer keys passed verbatim (``security.protocol``, ``sasl.mechanism`` ...)."""
+
+
+class SchemaRegistrySettings(_Section):
+    url: str = "http://127.0.0.1:18081"
+
+
+class PostgresSettings(_Section):
+    dsn: SecretStr | None = None
+
+
+class ClickHouseSettings(_Section):
+    url: str = "http://127.0.0.1:18123"
+
+
+class SparkSettings(_Section):
+    master: str = "local[2]"
+    conf: dict[str, str] = Field(default_factory=dict)
+    """Extra Spark configuration, native keys (``spark.sql.shuffle.partitions``...)."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CDCSYNC__",
+        env_nested_delimiter="__",
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    devstack: DevStackSettings = Field(default_factory=DevStackSettings)
+    state_dir: Path = Path(".cdcsync")
+    """Checkpoints and dev-stack data live here."""
+    migrations_dir: Path = Path("migrations")
+
+    @model_validator(mode="after")
+    def _default_to_dev_stack(self) -> Settings:
+        if self.kafka.bootstrap_servers is None:
+            self.kafka.bootstrap_servers = f"127.0.0.1:{self.devstack.kafka_port}"
+        if self.postgres.dsn is None:
+            self.postgres.dsn = SecretStr(f"postgresql://cdcsync@127.0.0.1:{self.devstack.postgres_port}/cdcsync")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        settings_file = Path(os.environ.get(SETTINGS_FILE_ENV, DEFAULT_SETTINGS_FILE))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if settings_file.is_file():
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=settings_file))
+        return tuple(sources)
+
+    @property
+    def postgres_dsn(self) -> str:
+        assert self.postgres.dsn is not None
+        return self.postgres.dsn.get_secret_value()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        assert self.kafka.bootstrap_servers is not None
+        return self.kafka.bootstrap_servers
+
+    def checkpoint_dir(self, pipeline: str, source: str) -> Path:
+        return self.state_dir.resolve() / "checkpoints" / pipeline / source
+
+
+def load_settings(**flags: Any) -> Settings:
+    """Build settings from every layer; ``flags`` are CLI values (None means "not given")."""
+    overrides = _nest({key: value for key, value in flags.items() if value is not None})
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()]
+        raise ConfigError(
+            "settings are invalid",
+            problems,
+            hint=f"check {os.environ.get(SETTINGS_FILE_ENV, DEFAULT_SETTINGS_FILE)} and CDCSYNC__* variables",
+        ) from None
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"postgres__dsn": x}`` -> ``{"postgres": {"dsn": x}}`` so flags can address nested settings."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split("__")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+_DSN_PASSWORD_RE = re.compile(r"(?P<head>://[^:/@]+:)(?P<password>[^@]*)(?P<tail>@)")
+_KV_PASSWORD_RE = re.compile(r"(?P<head>password\s*=\s*)(?P<password>'[^']*'|\S+)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """Hide the password of a URL or key=value DSN so it can be shown or logged."""
+    dsn = _DSN_PASSWORD_RE.sub(lambda m: f"{m['head']}***{m['tail']}", dsn)
+    return _KV_PASSWORD_RE.sub(lambda m: f"{m['head']}***", dsn)

@@ -1,0 +1,118 @@
+"""Postgres column types as declared in a pipeline's ``columns:`` and their Spark / Arrow counterparts.
+
+A source declares its business columns with Postgres types because Postgres is where they land. From that
+one declaration we derive the Spark schema the decoder produces and the DDL the migrations render, so the
+three can never disagree. Types without an exact Spark counterpart travel as strings (``numeric`` without
+precision, ``uuid``, ``json``/``jsonb``, ``time``, ``interval``) and are cast back by Postgres on COPY, which
+loses nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Canonical name -> Spark SQL type. Aliases are folded onto canonical names by ``parse_pg_type``.
+_SPARK_TYPE_BY_CANONICAL: dict[str, str] = {
+    "smallint": "smallint",
+    "integer": "int",
+    "bigint": "bigint",
+    "real": "float",
+    "double precision": "double",
+    "numeric": "string",  # refined to decimal(p,s) when precision is given and fits Spark's 38 digits
+    "boolean": "boolean",
+    "text": "string",
+    "character varying": "string",
+    "character": "string",
+    "date": "date",
+    "timestamp without time zone": "timestamp_ntz",
+    "timestamp with time zone": "timestamp",
+    "time without time zone": "string",
+    "interval": "string",
+    "uuid": "string",
+    "json": "string",
+    "jsonb": "string",
+    "bytea": "binary",
+}
+
+_ALIASES: dict[str, str] = {
+    "int2": "smallint",
+    "int": "integer",
+    "int4": "integer",
+    "int8": "bigint",
+    "float4": "real",
+    "float8": "double precision",
+    "float": "double precision",
+    "double": "double precision",
+    "decimal": "numeric",
+    "bool": "boolean",
+    "varchar": "character varying",
+    "char": "character",
+    "timestamp": "timestamp without time zone",
+    "timestamptz": "timestamp with time zone",
+    "time": "time without time zone",
+}
+
+_TYPE_RE = re.compile(r"^\s*(?P<name>[a-z][a-z0-9 ]*?)\s*(?:\(\s*(?P<args>[0-9 ,]+)\s*\))?\s*$")
+
+SPARK_MAX_DECIMAL_PRECISION = 38
+
+
+@dataclass(frozen=True)
+class PgType:
+    """A parsed Postgres column type."""
+
+    name: str  # canonical, e.g. "numeric", "character varying"
+    args: tuple[int, ...] = ()
+
+    @property
+    def sql(self) -> str:
+        """The type as it appears in DDL (canonical spelling, so migrations do not churn)."""
+        if self.args:
+            return f"{self.name}({','.join(str(a) for a in self.args)})"
+        return self.name
+
+    @property
+    def spark_type(self) -> str:
+        """Spark SQL type name used for this column in decoded DataFrames."""
+        if self.name == "numeric" and self.args:
+            precision = self.args[0]
+            scale = self.args[1] if len(self.args) > 1 else 0
+            if precision <= SPARK_MAX_DECIMAL_PRECISION:
+                return f"decimal({precision},{scale})"
+        return _SPARK_TYPE_BY_CANONICAL[self.name]
+
+
+class UnknownTypeError(ValueError):
+    pass
+
+
+def parse_pg_type(text: str) -> PgType:
+    """Parse ``bigint``, ``numeric(12, 2)``, ``varchar(40)``, ``timestamptz`` ... into a :class:`PgType`.
+
+    Raises :class:`UnknownTypeError` with the list of supported names for anything else, so that the
+    configuration layer can report it at the right YAML path.
+    """
+    match = _TYPE_RE.match(text.lower())
+    if not match:
+        raise UnknownTypeError(f"'{text}' is not a Postgres type cdcsync understands; {supported_types_hint()}")
+    name = " ".join(match.group("name").split())
+    name = _ALIASES.get(name, name)
+    if name not in _SPARK_TYPE_BY_CANONICAL:
+        raise UnknownTypeError(f"'{text}' is not a Postgres type cdcsync understands; {supported_types_hint()}")
+    args: tuple[int, ...] = ()
+    if match.group("args"):
+        args = tuple(int(a) for a in match.group("args").replace(" ", "").split(",") if a)
+        allowed_arity = {"numeric": (1, 2), "character varying": (1,), "character": (1,)}.get(name, ())
+        if len(args) not in allowed_arity:
+            raise UnknownTypeError(f"'{text}': {name} takes no such arguments")
+        if name == "numeric" and len(args) == 2 and not 0 <= args[1] <= args[0]:
+            raise UnknownTypeError(f"'{text}': numeric scale must be between 0 and the precision")
+        if any(a <= 0 for a in args[:1]):
+            raise UnknownTypeError(f"'{text}': length/precision must be positive")
+    return PgType(name, args)
+
+
+def supported_types_hint() -> str:
+    names = sorted(set(_SPARK_TYPE_BY_CANONICAL) | set(_ALIASES))
+    return "supported: " + ", ".join(names)

@@ -1,0 +1,85 @@
+"""``cdcsync dev up | down | status | env``: the dev stack as a whole.
+
+``up`` is idempotent and only ever starts what is not already running; ``down`` only stops processes whose pid
+this module recorded (and whose command line still matches), so a developer's own Postgres or Kafka on the same
+machine is never touched. Results are returned as data; the CLI decides how to render them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from cdcsync.devstack import kafka, postgres
+from cdcsync.devstack.common import DevStackConfig, ServiceStatus
+
+
+@dataclass(frozen=True)
+class _Service:
+    name: str
+    status: Callable[[DevStackConfig], ServiceStatus]
+    start: Callable[[DevStackConfig], ServiceStatus]
+    wait_ready: Callable[[DevStackConfig, float | None], None]
+    stop: Callable[[DevStackConfig], ServiceStatus]
+
+
+# Start order; stopped in reverse so that clients (Kafka Connect later) go before what they depend on.
+SERVICES: tuple[_Service, ...] = (
+    _Service(postgres.NAME, postgres.status, postgres.start, postgres.wait_ready, postgres.stop),
+    _Service(kafka.NAME, kafka.status, kafka.start, kafka.wait_ready, kafka.stop),
+)
+
+
+@contextlib.contextmanager
+def _locked(cfg: DevStackConfig) -> Iterator[None]:
+    """Two concurrent ``up`` calls (parallel test sessions, two terminals) must not both start a service."""
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    with open(cfg.root / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def up(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
+    """Start what is not running, then wait for every service to accept connections.
+
+    All services are launched before any is waited for, so their start-up times overlap. A service that is
+    already running is left alone (same pid), but is still checked for readiness.
+    """
+    with _locked(cfg):
+        launched: dict[str, ServiceStatus] = {}
+        for service in SERVICES:
+            current = service.status(cfg)
+            launched[service.name] = current if current.pid is not None else service.start(cfg)
+        result: dict[str, ServiceStatus] = {}
+        for service in SERVICES:
+            service.wait_ready(cfg, None)
+            final = service.status(cfg)
+            final.started = launched[service.name].started
+            final.detail = launched[service.name].detail
+            result[service.name] = final
+        return result
+
+
+def down(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
+    """Stop only what ``up`` started, newest first."""
+    with _locked(cfg):
+        return {service.name: service.stop(cfg) for service in reversed(SERVICES)}
+
+
+def status(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
+    return {service.name: service.status(cfg) for service in SERVICES}
+
+
+def env_lines(cfg: DevStackConfig) -> list[str]:
+    """Shell lines that point cdcsync's settings at this stack: ``eval "$(cdcsync dev env)"``."""
+    values = {
+        "CDCSYNC__POSTGRES__DSN": postgres.dsn(cfg),
+        "CDCSYNC__KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers(cfg),
+    }
+    return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]

@@ -1,0 +1,91 @@
+"""One exception root for cdcsync.
+
+Every error raised on purpose is a :class:`CdcsyncError`. It carries:
+
+* ``context``: what was being attempted, outermost first, so the CLI can print
+  ``sink 'revenue': merging batch 17 into app.orders_state: connection refused``;
+* ``hint``: the next step for the user, when there is one;
+* ``user_error``: True when the input (configuration, pipeline, migrations) is at
+  fault. The CLI exits 2 for these and never prints a traceback;
+* ``retriable``: True for transient faults (connection refused, timeouts,
+  serialization failures) that the runtime retries with backoff.
+
+Exit codes are decided only at the CLI edge (:func:`exit_code_for`).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_RUNTIME_FAILURE = 1
+EXIT_INVALID_INPUT = 2
+
+
+class CdcsyncError(Exception):
+    """Root of every error cdcsync raises on purpose."""
+
+    user_error: bool = False
+    retriable: bool = False
+
+    def __init__(self, message: str, *, hint: str | None = None, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.context: list[str] = []
+        if retriable is not None:
+            self.retriable = retriable
+
+    def add_context(self, what: str) -> CdcsyncError:
+        """Prefix what the caller was doing; returns self so it can be re-raised."""
+        self.context.insert(0, what)
+        return self
+
+    def __str__(self) -> str:
+        return ": ".join([*self.context, self.message])
+
+
+class UserError(CdcsyncError):
+    """The user's input is at fault; fixing it is the way out (exit 2)."""
+
+    user_error = True
+
+
+class ConfigError(UserError):
+    """A pipeline or settings file is invalid; ``problems`` lists every finding with its YAML path."""
+
+    def __init__(self, message: str, problems: list[str] | None = None, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.problems = problems or []
+
+    def __str__(self) -> str:
+        head = super().__str__()
+        if not self.problems:
+            return head
+        return head + "\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+
+class MigrationError(UserError):
+    """A migration is missing, pending or was altered after it was applied."""
+
+
+class DependencyError(UserError):
+    """An optional dependency or external tool is missing; the hint says how to install it."""
+
+
+class ServiceError(CdcsyncError):
+    """A service (Kafka, Postgres, the dev stack) failed or could not be reached."""
+
+
+class SinkError(CdcsyncError):
+    """Writing to a target failed."""
+
+
+class DecodeError(CdcsyncError):
+    """A message could not be decoded; with ``on_decode_error: fail`` this stops the pipeline."""
+
+    user_error = True
+
+
+def exit_code_for(error: BaseException) -> int:
+    if isinstance(error, CdcsyncError) and error.user_error:
+        return EXIT_INVALID_INPUT
+    return EXIT_RUNTIME_FAILURE

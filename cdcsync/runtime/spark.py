@@ -1,0 +1,65 @@
+"""The SparkSession cdcsync runs on: connector jars from our own Maven cache, UTC, quiet logs, small shuffles.
+
+Jars are passed as local files (``spark.jars``), never resolved by Ivy at start-up, so after the first run no
+network is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cdcsync.config.settings import Settings
+from cdcsync.errors import DependencyError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+_LOG4J_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
+DEFAULT_SPARK_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",
+    "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.adaptive.enabled": "false",
+    # Kafka source: consumers live across batches; keep fetches large.
+    "spark.kafka.consumer.cache.capacity": "64",
+}
+
+
+def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
+    """Start (or reuse) the SparkSession with the Kafka connector on the classpath."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as error:  # pragma: no cover - pyspark is a hard dependency
+        raise DependencyError("pyspark is not installed", hint="pip install cdcsync (it depends on pyspark)") from error
+
+    from cdcsync.runtime.jars import spark_kafka_jars
+
+    jars = spark_kafka_jars()
+    builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
+    conf = {**DEFAULT_SPARK_CONF, **settings.spark.conf}
+    conf["spark.jars"] = ",".join(str(j) for j in jars)
+    java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}"
+    conf["spark.driver.extraJavaOptions"] = f"{java_options} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    os.environ.setdefault("PYSPARK_PYTHON", _current_python())
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _current_python() -> str:
+    import sys
+
+    return sys.executable

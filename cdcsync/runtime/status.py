@@ -1,0 +1,128 @@
+"""``cdcsync status``: how far each source is, from the checkpoint and Kafka, and what each sink holds.
+
+Reads only: the checkpoint's committed offsets (no Spark needed), Kafka's end offsets, the batch ledger and
+the target tables. Safe to run while the pipeline streams.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.config.settings import Settings, redact_dsn
+from cdcsync.errors import ServiceError
+from cdcsync.sql.render import render
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    source: str
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(self.end - self.committed, 0)
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    sink: str
+    target: str
+    last_batch: int | None
+    committed_at: datetime | None
+    rows: int
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    partitions: list[PartitionStatus]
+    sinks: list[SinkStatus]
+    dead_letters: int
+
+
+def committed_offsets(checkpoint_dir: Path) -> dict[str, dict[int, int]]:
+    """Offsets after the newest batch that Spark committed: ``topic -> partition -> next offset``."""
+    commits = checkpoint_dir / "commits"
+    offsets = checkpoint_dir / "offsets"
+    if not commits.is_dir():
+        return {}
+    committed = sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True)
+    for batch_id in committed:
+        offsets_file = offsets / str(batch_id)
+        if offsets_file.is_file():
+            # Format: a version line, a metadata line, then one JSON line per source of the query.
+            lines = offsets_file.read_text().splitlines()
+            result: dict[str, dict[int, int]] = {}
+            for line in lines[2:]:
+                if line.startswith("{"):
+                    for topic, partitions in json.loads(line).items():
+                        result[topic] = {int(p): int(o) for p, o in partitions.items()}
+            return result
+    return {}
+
+
+def _end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdcsync-status", "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        result: dict[str, dict[int, int]] = {}
+        for topic in topics:
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None:
+                continue
+            for partition in info.partitions:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                result.setdefault(topic, {})[partition] = high
+        return result
+    except KafkaException as error:
+        raise ServiceError(f"reading end offsets from Kafka at {bootstrap}: {error}", retriable=True) from None
+    finally:
+        consumer.close()
+
+
+def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
+    import psycopg
+
+    partitions: list[PartitionStatus] = []
+    ends = _end_offsets(settings.bootstrap_servers, [s.topic for s in pipeline.sources.values()])
+    for source_id, source in pipeline.sources.items():
+        done = committed_offsets(settings.checkpoint_dir(pipeline.name, source_id)).get(source.topic, {})
+        for partition, end in sorted(ends.get(source.topic, {}).items()):
+            partitions.append(PartitionStatus(source_id, source.topic, partition, done.get(partition, 0), end))
+
+    sinks: list[SinkStatus] = []
+    try:
+        with psycopg.connect(settings.postgres_dsn, connect_timeout=10) as conn:
+            for sink_id, sink in pipeline.sinks.items():
+                last = conn.execute(
+                    render("postgres/runtime/ledger_last_batch.sql.j2"),
+                    {"pipeline": pipeline.name, "sink": sink_id},
+                ).fetchone()
+                count_sql = render("postgres/runtime/count_rows.sql.j2", target=(sink.schema_, sink.table))
+                rows = conn.execute(count_sql).fetchone()
+                sinks.append(
+                    SinkStatus(
+                        sink_id,
+                        f"{sink.schema_}.{sink.table}",
+                        last[0] if last else None,
+                        last[1] if last else None,
+                        int(rows[0]) if rows else 0,
+                    )
+                )
+            dead = conn.execute(
+                render("postgres/runtime/dead_letters_count.sql.j2"), {"pipeline": pipeline.name}
+            ).fetchone()
+    except psycopg.Error as error:
+        raise ServiceError(
+            f"reading sink status from Postgres at {redact_dsn(settings.postgres_dsn)}: {str(error).strip()}",
+            retriable=True,
+        ) from None
+    return PipelineStatus(partitions, sinks, int(dead[0]) if dead else 0)

@@ -1,0 +1,348 @@
+"""The streaming query lifecycle: one Structured Streaming query per source, a ledgered micro-batch handler,
+clean stops on SIGINT/SIGTERM, and the numbers the live view shows.
+
+Each micro-batch (``BatchHandler``):
+
+1. decodes the Kafka rows on the executors (``mapInArrow`` over :func:`cdcsync.sources.debezium.decode_batches`);
+2. sends undecodable messages to ``cdcsync.dead_letters`` (or stops, under ``on_decode_error: fail``);
+3. lands the decoded changes in every sink fed by the source, each exactly once through its ledger.
+
+Transient failures (see :mod:`cdcsync.runtime.dbretry`) are retried with backoff inside the batch; anything else
+fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
+the ledgers skip what already landed.
+
+Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not started refuses to start
+(raising :class:`StopRequested`, which leaves it uncommitted for the next run), then the queries are stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.config.pipeline import KafkaSource, Pipeline
+from cdcsync.config.settings import Settings
+from cdcsync.errors import CdcsyncError, DecodeError, ServiceError
+from cdcsync.runtime.dbretry import with_retries
+from cdcsync.sinks.dead_letters import record_dead_letters
+from cdcsync.sinks.postgres import BatchResult, PostgresUpsertSink
+from cdcsync.sources.debezium import DecodeSpec, decode_batches, output_spark_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
+_POLL_SECONDS = 0.5
+
+
+class StopRequested(Exception):
+    """Raised at the start of a batch after a stop was requested: the batch stays uncommitted and replays later."""
+
+
+@dataclass
+class SinkStats:
+    rows_in: int = 0
+    rows_out: int = 0
+    batches: int = 0
+    skipped_batches: int = 0
+
+
+@dataclass
+class SourceStats:
+    batches: int = 0
+    last_batch_id: int | None = None
+    rows_in: int = 0
+    dead_letters: int = 0
+    rows_per_second: float = 0.0
+    lag: dict[str, int] = field(default_factory=dict)
+    """``topic/partition`` -> messages not yet processed, from the query's last progress."""
+    first_batch_at: float | None = None
+    last_batch_done_at: float | None = None
+    progress_seen: set[int] = field(default_factory=set, repr=False)
+
+
+@dataclass
+class RunSnapshot:
+    """What the live view renders; plain data so it can be tested and logged."""
+
+    pipeline: str
+    sources: dict[str, SourceStats]
+    sinks: dict[str, SinkStats]
+    sink_targets: dict[str, str]
+    elapsed: float
+
+
+class BatchHandler:
+    """``foreachBatch`` function of one source's query; runs on the driver, one batch at a time."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        source_id: str,
+        source: KafkaSource,
+        sinks: dict[str, PostgresUpsertSink],
+        dsn: str,
+        checkpoint_dir: Path,
+    ) -> None:
+        self.pipeline = pipeline
+        self.source_id = source_id
+        self.source = source
+        self.sinks = sinks
+        self.dsn = dsn
+        self.checkpoint_dir = checkpoint_dir
+        self.spec = DecodeSpec.from_source(source_id, source)
+        self.schema = output_spark_schema(self.spec)
+        self.stats = SourceStats()
+        self.sink_stats = {sink_id: SinkStats() for sink_id in sinks}
+        self.failure: CdcsyncError | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._in_batch = False
+        self._idle = threading.Condition(self._lock)
+        self._checkpoint_id: str | None = None
+
+    # -- stop protocol -------------------------------------------------------------------------------------
+    def request_stop(self, timeout: float | None = None) -> None:
+        """Refuse new batches and wait for the one in flight, if any."""
+        with self._idle:
+            self._stopping = True
+            self._idle.wait_for(lambda: not self._in_batch, timeout=timeout)
+
+    # -- the batch -----------------------------------------------------------------------------------------
+    def __call__(self, changes: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            if self._stopping:
+                raise StopRequested()
+            self._in_batch = True
+        try:
+            self._process(changes, batch_id)
+        except CdcsyncError as error:
+            self.failure = error.add_context(f"source '{self.source_id}', batch {batch_id}")
+            raise
+        finally:
+            with self._idle:
+                self._in_batch = False
+                self._idle.notify_all()
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The query id Spark keeps in the checkpoint: stable across restarts, new when the checkpoint is reset.
+
+        Ledger rows are keyed by it, so a reset checkpoint (batch ids start again at 0) never matches the ledger
+        rows of the old one; the reprocessed changes are then idempotent by ``_cdc_version``.
+        """
+        if self._checkpoint_id is None:
+            metadata = json.loads((self.checkpoint_dir / "metadata").read_text())
+            self._checkpoint_id = str(metadata["id"])
+        return self._checkpoint_id
+
+    def _process(self, changes: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        if self.stats.first_batch_at is None:
+            self.stats.first_batch_at = time.monotonic()
+        decoded = changes.mapInArrow(functools.partial(decode_batches, spec=self.spec), self.schema)
+        decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            bad = decoded.filter(F.col("_dlq_reason").isNotNull())
+            dead = self._handle_dead_letters(bad)
+            good = decoded.filter(F.col("_dlq_reason").isNull()).drop("_dlq_reason", "_dlq_key", "_dlq_value")
+            for sink_id, sink in self.sinks.items():
+                result: BatchResult = with_retries(
+                    functools.partial(sink.write_batch, good, batch_id, self.checkpoint_id),
+                    describe=f"sink '{sink_id}' batch {batch_id}",
+                )
+                stats = self.sink_stats[sink_id]
+                stats.batches += 1
+                stats.skipped_batches += int(result.skipped)
+                stats.rows_in += result.rows_staged
+                stats.rows_out += result.rows_merged
+        finally:
+            decoded.unpersist()
+        self.stats.batches += 1
+        self.stats.last_batch_id = batch_id
+        self.stats.dead_letters += dead
+        self.stats.last_batch_done_at = time.monotonic()
+
+    def _handle_dead_letters(self, bad: DataFrame) -> int:
+        if self.source.on_decode_error == "fail":
+            first = bad.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_dlq_reason").limit(1).collect()
+            if first:
+                row = first[0]
+                raise DecodeError(
+                    f"message at {row['_cdc_topic']}/{row['_cdc_partition']}@{row['_cdc_offset']} "
+                    f"could not be decoded: {row['_dlq_reason']}",
+                    hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
+                )
+            return 0
+        return with_retries(
+            lambda: record_dead_letters(bad, self.dsn, self.pipeline.name, self.source_id),
+            describe=f"dead letters of source '{self.source_id}'",
+        )
+
+
+class PipelineRunner:
+    """Starts one query per source and supervises them until they finish, fail or are asked to stop."""
+
+    def __init__(self, pipeline: Pipeline, settings: Settings, *, available_now: bool) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.available_now = available_now
+        self.handlers: dict[str, BatchHandler] = {}
+        self.queries: dict[str, StreamingQuery] = {}
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+
+    def install_signal_handlers(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.warning("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def snapshot(self) -> RunSnapshot:
+        sinks: dict[str, SinkStats] = {}
+        for handler in self.handlers.values():
+            sinks.update(handler.sink_stats)
+        return RunSnapshot(
+            pipeline=self.pipeline.name,
+            sources={sid: h.stats for sid, h in self.handlers.items()},
+            sinks=sinks,
+            sink_targets={sid: f"{s.schema_}.{s.table}" for sid, s in self.pipeline.sinks.items()},
+            elapsed=time.monotonic() - self._started,
+        )
+
+    def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
+        for source_id, source in self.pipeline.sources.items():
+            self._start_query(spark, source_id, source)
+        try:
+            self._supervise(on_progress)
+        finally:
+            for query in self.queries.values():
+                if query.isActive:
+                    query.stop()
+        self._raise_failures()
+        return self.snapshot()
+
+    def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
+        checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
+        checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        sinks = {
+            sink_id: PostgresUpsertSink(self.pipeline, sink_id, sink, self.settings.postgres_dsn)
+            for sink_id, sink in self.pipeline.sinks_of(source_id).items()
+        }
+        handler = BatchHandler(self.pipeline, source_id, source, sinks, self.settings.postgres_dsn, checkpoint_dir)
+        self.handlers[source_id] = handler
+
+        reader = spark.readStream.format("kafka")
+        for key, value in self._kafka_options(source).items():
+            reader = reader.option(key, value)
+        writer = (
+            reader.load()
+            .writeStream.foreachBatch(handler)
+            .option("checkpointLocation", str(checkpoint_dir))
+            .queryName(f"{self.pipeline.name}.{source_id}")
+        )
+        writer = writer.trigger(availableNow=True) if self.available_now else writer.trigger(processingTime="1 second")
+        try:
+            self.queries[source_id] = writer.start()
+        except Exception as error:
+            raise ServiceError(
+                f"source '{source_id}': starting the Kafka stream from {self.settings.bootstrap_servers}: "
+                f"{str(error).splitlines()[0][:300]}",
+                retriable=True,
+            ) from None
+
+    def _kafka_options(self, source: KafkaSource) -> dict[str, str]:
+        options = {f"kafka.{k}": v for k, v in self.settings.kafka.options.items()}
+        options.update(
+            {
+                "kafka.bootstrap.servers": self.settings.bootstrap_servers,
+                "subscribe": source.topic,
+                "startingOffsets": source.starting_offsets,
+                "includeHeaders": "true",
+                "groupIdPrefix": f"cdcsync-{self.pipeline.name}",
+                "maxOffsetsPerTrigger": str(source.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS_PER_TRIGGER),
+            }
+        )
+        options.update(source.options)
+        return options
+
+    def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
+        stopping = False
+        while any(q.isActive for q in self.queries.values()):
+            self._refresh_progress()
+            if on_progress is not None:
+                on_progress(self.snapshot())
+            if any(h.failure for h in self.handlers.values()):
+                break
+            if self._stop.is_set() and not stopping:
+                stopping = True
+                for handler in self.handlers.values():
+                    handler.request_stop()
+                for query in self.queries.values():
+                    query.stop()
+            time.sleep(_POLL_SECONDS)
+        self._refresh_progress()
+        if on_progress is not None:
+            on_progress(self.snapshot())
+
+    def _refresh_progress(self) -> None:
+        for source_id, query in self.queries.items():
+            stats = self.handlers[source_id].stats
+            for progress in query.recentProgress:
+                batch_id = int(progress.get("batchId", -1))
+                if batch_id in stats.progress_seen:
+                    continue
+                stats.progress_seen.add(batch_id)
+                stats.rows_in += int(progress.get("numInputRows") or 0)
+                if progress.get("numInputRows"):
+                    stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
+                for source_progress in progress.get("sources") or []:
+                    stats.lag.update(_lag(source_progress))
+
+    def _raise_failures(self) -> None:
+        for source_id, handler in self.handlers.items():
+            if handler.failure is not None:
+                raise handler.failure
+            query = self.queries.get(source_id)
+            error = query.exception() if query is not None else None
+            if error is not None and "StopRequested" not in str(error):
+                message = str(error).strip().splitlines()[0][:500]
+                raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
+
+
+def _lag(source_progress: dict[str, Any]) -> dict[str, int]:
+    """``topic/partition -> latest - end`` from a Kafka source's progress entry."""
+    def offsets(name: str) -> dict[str, dict[str, int]]:
+        value = source_progress.get(name)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return {}
+        return value if isinstance(value, dict) else {}
+
+    end, latest = offsets("endOffset"), offsets("latestOffset")
+    lag: dict[str, int] = {}
+    for topic, partitions in latest.items():
+        for partition, latest_offset in partitions.items():
+            done = end.get(topic, {}).get(partition, 0)
+            lag[f"{topic}/{partition}"] = max(int(latest_offset) - int(done), 0)
+    return lag

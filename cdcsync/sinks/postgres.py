@@ -1,0 +1,220 @@
+"""Postgres upsert sink: one mirror row per primary key, exactly-once effects per micro-batch.
+
+How a micro-batch lands (DESIGN.md, "Delivery guarantee"):
+
+1. The driver looks the batch up in ``cdcsync.batch_ledger``; a replayed batch that was already merged is
+   skipped without touching the target.
+2. Executors collapse their partition to the newest change per key (vectorised, in Arrow) and COPY it as CSV
+   into the sink's UNLOGGED staging table, tagged with the batch id. No per-row statements, nothing collected to
+   the driver but a row count per partition.
+3. The driver runs one transaction: record the ledger row (``ON CONFLICT DO NOTHING`` makes a concurrent or
+   repeated merge a no-op), collapse the staged rows across partitions (``DISTINCT ON`` by ``_cdc_version``),
+   merge them so that only rows with an older ``_cdc_version`` are overwritten or deleted, and empty the stage.
+
+A task retried by Spark may COPY its partition twice; the duplicates are identical rows that the collapse folds
+away, so retries are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.config.pipeline import Pipeline, PostgresSink
+from cdcsync.errors import SinkError
+from cdcsync.runtime.dbretry import classify_postgres_error
+from cdcsync.runtime.executor_errors import RETRIABLE_MARKER, executor_failure
+from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sql import names
+from cdcsync.sql.render import render
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+_METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
+ROWS_OUT_TAG = "/* rows_out */"
+"""Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    sink_id: str
+    batch_id: int
+    skipped: bool
+    rows_staged: int = 0
+    rows_merged: int = 0
+
+
+@dataclass(frozen=True)
+class StageWriter:
+    """Executor side of the sink: collapse a partition in Arrow and COPY it into the staging table.
+
+    A plain picklable object, so Spark ships it to the Python workers; it opens its own connection there.
+    """
+
+    dsn: str
+    copy_sql: str
+    primary_key: tuple[str, ...]
+    columns: tuple[str, ...]
+    batch_id: int
+    sink_label: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow as pa
+
+        received = list(batches)
+        staged = 0
+        table = pa.Table.from_batches(received) if received else None
+        if table is not None and table.num_rows:
+            table = newest_per_key(table, self.primary_key)
+            staged = table.num_rows
+            payload = _to_csv(table, self.columns, self.batch_id)
+            try:
+                with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                    copy.write(payload)
+            except psycopg.Error as error:
+                retriable = classify_postgres_error(error)
+                marker = f" {RETRIABLE_MARKER}" if retriable else ""
+                raise RuntimeError(f"{self.sink_label}: COPY into the staging table failed: {error}{marker}") from None
+        yield pa.RecordBatch.from_pydict({"rows": [staged]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+def newest_per_key(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
+    """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows <= 1:
+        return table
+    order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
+    table = table.sort_by(order)
+    first_of_run: pa.Array | None = None
+    for key in primary_key:
+        column = table.column(key).combine_chunks()
+        differs = pc.not_equal(column.slice(1), column.slice(0, len(column) - 1))
+        first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
+    assert first_of_run is not None
+    mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
+    return table.filter(mask)
+
+
+def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:
+    import pyarrow as pa
+
+    batch_ids = pa.array([batch_id] * table.num_rows, type=pa.int64())
+    return arrow_to_copy_csv([batch_ids, *(table.column(name) for name in (*columns, *_METADATA_TO_STAGE))])
+
+
+class PostgresUpsertSink:
+    """Driver side of one ``type: postgres`` sink."""
+
+    def __init__(self, pipeline: Pipeline, sink_id: str, sink: PostgresSink, dsn: str) -> None:
+        self.pipeline = pipeline
+        self.sink_id = sink_id
+        self.sink = sink
+        self.dsn = dsn
+        source = pipeline.source_of(sink)
+        self.columns = tuple(source.columns)
+        self.primary_key = tuple(pipeline.sink_primary_key(sink))
+        self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
+        stage = (names.INTERNAL_SCHEMA, names.stage_table(pipeline.name, sink_id))
+        target = (sink.schema_, sink.table)
+        template_values: dict[str, Any] = {
+            "stage": stage,
+            "target": target,
+            "tombstones": (names.INTERNAL_SCHEMA, names.tombstone_table(pipeline.name, sink_id)),
+            "columns": self.columns,
+            "primary_key": self.primary_key,
+            "value_columns": self.value_columns,
+        }
+        self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
+        self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
+        self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
+        merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
+        self._merge_statements = _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
+        self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
+        self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
+        self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
+
+    @property
+    def label(self) -> str:
+        return f"sink '{self.sink_id}'"
+
+    @property
+    def target_name(self) -> str:
+        return f"{self.sink.schema_}.{self.sink.table}"
+
+    def write_batch(self, changes: DataFrame, batch_id: int, checkpoint_id: str) -> BatchResult:
+        """Land one micro-batch of decoded changes exactly once. Raises SinkError (retriable where it may help)."""
+        import psycopg
+
+        ledger_key = {
+            "pipeline": self.pipeline.name,
+            "sink": self.sink_id,
+            "checkpoint_id": checkpoint_id,
+            "batch_id": batch_id,
+        }
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
+                    return BatchResult(self.sink_id, batch_id, skipped=True)
+                conn.execute(self._truncate_sql)
+        except psycopg.Error as error:
+            raise self._error(f"preparing batch {batch_id}", error) from None
+
+        writer = StageWriter(
+            dsn=self.dsn,
+            copy_sql=self._copy_sql,
+            primary_key=self.primary_key,
+            columns=self.columns,
+            batch_id=batch_id,
+            sink_label=self.label,
+        )
+        staged_frame = changes.select(*[f"`{c}`" for c in (*self.columns, *_METADATA_TO_STAGE)])
+        try:
+            counts = staged_frame.mapInArrow(writer, "rows bigint").collect()
+        except Exception as error:  # Spark wraps executor failures; see executor_failure
+            detail, retriable = executor_failure(error)
+            raise SinkError(
+                f"staging batch {batch_id} for {self.target_name}: {detail}", retriable=retriable
+            ).add_context(self.label) from None
+        staged = sum(row["rows"] for row in counts)
+
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.transaction():
+                recorded = conn.execute(self._ledger_record_sql, ledger_key).rowcount
+                if recorded == 0:
+                    raise _AlreadyMerged
+                conn.execute(self._collapse_sql, {"batch_id": batch_id})
+                merged = 0
+                for statement in self._merge_statements:
+                    cursor = conn.execute(statement)
+                    if ROWS_OUT_TAG in statement:
+                        merged += max(cursor.rowcount, 0)
+                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
+                conn.execute(self._truncate_sql)
+        except _AlreadyMerged:
+            return BatchResult(self.sink_id, batch_id, skipped=True, rows_staged=staged)
+        except psycopg.Error as error:
+            raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
+        return BatchResult(self.sink_id, batch_id, skipped=False, rows_staged=staged, rows_merged=merged)
+
+    def _error(self, doing: str, error: Exception) -> SinkError:
+        retriable = classify_postgres_error(error)
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return SinkError(f"{doing}: {message}", retriable=retriable).add_context(self.label)  # type: ignore[return-value]
+
+
+class _AlreadyMerged(Exception):
+    """The ledger row appeared between the lookup and the merge: another attempt already merged this batch."""
+
+
+def _split_statements(sql: str) -> list[str]:
+    """Templates separate statements with ';' at line end; values never contain that (they are parameters)."""
+    return [s.strip() for s in sql.split(";\n") if s.strip().rstrip(";")]

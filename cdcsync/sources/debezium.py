@@ -1,0 +1,1129 @@
+"""Decode Debezium JsonConverter change events: Kafka-shaped Arrow batches in, typed change rows out.
+
+:func:`decode_batches` is the body of a Spark ``mapInArrow`` call, so everything here runs on executors: pure
+Python plus pyarrow, picklable (a :class:`DecodeSpec` is a frozen dataclass of tuples), and it never raises for
+bad input. A message that cannot be decoded becomes a *dead-letter row*: business and ``_cdc_*`` value columns
+null, ``_cdc_topic`` / ``_cdc_partition`` / ``_cdc_offset`` set, ``_dlq_reason`` saying what is wrong and
+``_dlq_key`` / ``_dlq_value`` holding the raw bytes. Good rows have the three ``_dlq_*`` columns null.
+Tombstones (null values) produce no row at all.
+
+Both JsonConverter shapes are understood: ``{"schema": ..., "payload": ...}`` (``schemas.enable=true``; the
+schema's logical type names and parameters decide how a value is read, e.g. the scale of a Connect ``Decimal``)
+and the bare payload (``schemas.enable=false``; values are read by the declared Postgres type alone).
+
+Decisions worth knowing (README material):
+
+* Values are checked against the declared type and never rounded silently: an integer out of the column's range,
+  a decimal with more digits than ``numeric(p,s)`` allows, a ``varchar(n)`` that is too long, a text with a NUL
+  character (Postgres cannot store it) all become dead letters naming the column, the value and the type.
+* Without the schema wrapper a string in a ``numeric`` column is read as a decimal literal; Connect ``Decimal``
+  bytes (base64) need the wrapper to know their scale, so run Debezium with ``decimal.handling.mode=string``
+  (or keep schemas enabled) when schemas are off.
+* JSON numbers in ``numeric`` columns are read exactly from the message text (a fast JSON parser hands them over
+  as doubles; the digits are recovered from the raw bytes, or the message is re-parsed with ``Decimal`` floats).
+* Timestamps and times are kept to the microsecond (Postgres' precision); finer digits are truncated. A
+  ``timestamp without time zone`` given as a string with an offset keeps its wall-clock time, as a Postgres cast
+  does; a ``timestamptz`` string without an offset is taken as UTC. Dates and timestamps must lie in years
+  1-9999.
+* ``_cdc_version`` is ``source.lsn`` when the connector gives an integer LSN, else the Kafka offset;
+  ``_cdc_ts`` is ``source.ts_ms``, else the payload's ``ts_ms``, else the Kafka message timestamp.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gc
+import json
+import math
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.config.types import PgType
+from cdcsync.errors import DecodeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from cdcsync.config.pipeline import KafkaSource
+
+try:  # orjson is ~3x faster than the standard library; both give the same Python values for valid JSON.
+    import orjson as _orjson
+
+    _fast_loads: Callable[[bytes], Any] = _orjson.loads
+
+    def _dumps_compact(value: Any) -> str:
+        return _orjson.dumps(value).decode()
+
+except ImportError:  # pragma: no cover - exercised only without orjson
+    _orjson = None  # type: ignore[assignment]
+    _fast_loads = json.loads
+
+    def _dumps_compact(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+# Metadata and dead-letter columns, in output order, with their Spark types.
+CDC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("_cdc_op", "string"),
+    ("_cdc_version", "bigint"),
+    ("_cdc_ts", "timestamp"),
+    ("_cdc_topic", "string"),
+    ("_cdc_partition", "int"),
+    ("_cdc_offset", "bigint"),
+)
+DLQ_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("_dlq_reason", "string"),
+    ("_dlq_key", "binary"),
+    ("_dlq_value", "binary"),
+)
+
+_ROW_OPS = frozenset(("c", "u", "r"))
+_MAX_SHOWN = 60
+
+_DEBEZIUM_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+
+# Microseconds per unit of the integer temporal encodings, by Connect / Debezium logical type name.
+# A multiplier below 1 means "divide": nanoseconds -> microseconds is floor division by 1000.
+_TIMESTAMP_UNITS: dict[str, int] = {
+    "io.debezium.time.Timestamp": 1000,
+    "org.apache.kafka.connect.data.Timestamp": 1000,
+    "io.debezium.time.MicroTimestamp": 1,
+    "io.debezium.time.NanoTimestamp": -1000,
+}
+_TIME_UNITS: dict[str, int] = {
+    "io.debezium.time.Time": 1000,
+    "org.apache.kafka.connect.data.Time": 1000,
+    "io.debezium.time.MicroTime": 1,
+    "io.debezium.time.NanoTime": -1000,
+}
+
+_US_PER_DAY = 86_400_000_000
+_MIN_DAYS = (date(1, 1, 1) - date(1970, 1, 1)).days  # -719162
+_MAX_DAYS = (date(9999, 12, 31) - date(1970, 1, 1)).days  # 2932896
+_MIN_US = _MIN_DAYS * _US_PER_DAY
+_MAX_US = (_MAX_DAYS + 1) * _US_PER_DAY - 1
+_MIN_TS_MS = _MIN_US // 1000
+_MAX_TS_MS = _MAX_US // 1000
+_MAX_BIGINT = 2**63 - 1
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_ONE_US = timedelta(microseconds=1)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+_DECIMAL_PARTS_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
+_ISO_DATE_RE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
+_ISO_TS_RE = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:[.,]([0-9]+))?)?"
+    r"\s*(Z|z|[+-][0-9]{2}(?::?[0-9]{2}(?::?[0-9]{2})?)?)?"
+)
+_TIME_RE = re.compile(r"([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?")
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NUMERIC_WORDS = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}
+_INT_RANGES = {"smallint": 2**15, "integer": 2**31, "bigint": 2**63}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What to decode: the source's business columns (declared order) and where its primary key comes from."""
+
+    source_id: str
+    columns: tuple[tuple[str, PgType], ...]
+    primary_key: tuple[str, ...] | None = None
+    """Key columns; ``None`` takes them from the fields of the Kafka message key."""
+
+    @classmethod
+    def from_source(cls, source_id: str, source: KafkaSource) -> DecodeSpec:
+        primary_key = tuple(source.primary_key) if source.primary_key else None
+        return cls(source_id=source_id, columns=tuple(source.column_types().items()), primary_key=primary_key)
+
+
+def _quote_ddl(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def output_spark_schema(spec: DecodeSpec) -> str:
+    """Spark DDL of :func:`decode_batches`' output: business columns, ``_cdc_*``, then ``_dlq_*``."""
+    fields = [(name, pg_type.spark_type) for name, pg_type in spec.columns]
+    fields += [*CDC_COLUMNS, *DLQ_COLUMNS]
+    return ", ".join(f"{_quote_ddl(name)} {spark_type}" for name, spark_type in fields)
+
+
+_DECIMAL_TYPE_RE = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def _arrow_type(spark_type: str) -> pa.DataType:
+    import pyarrow as pa
+
+    simple = {
+        "smallint": pa.int16(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+        "string": pa.string(),
+        "binary": pa.binary(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "timestamp_ntz": pa.timestamp("us"),
+    }
+    if spark_type in simple:
+        return simple[spark_type]
+    match = _DECIMAL_TYPE_RE.fullmatch(spark_type)
+    if match:
+        return pa.decimal128(int(match.group(1)), int(match.group(2)))
+    raise DecodeError(f"Spark type '{spark_type}' has no Arrow counterpart in the decoder")
+
+
+def output_arrow_schema(spec: DecodeSpec) -> pa.Schema:
+    """The Arrow schema of the batches :func:`decode_batches` yields; matches :func:`output_spark_schema`."""
+    import pyarrow as pa
+
+    fields = [(name, pg_type.spark_type) for name, pg_type in spec.columns]
+    fields += [*CDC_COLUMNS, *DLQ_COLUMNS]
+    return pa.schema([pa.field(name, _arrow_type(spark_type), nullable=True) for name, spark_type in fields])
+
+
+def decode_batches(batches: Iterator[pa.RecordBatch], spec: DecodeSpec) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: Kafka source batches (key, value, topic, partition, offset, timestamp, ...) in,
+    decoded change rows and dead letters out (schema :func:`output_arrow_schema`). Never raises for bad input."""
+    plan = _plan_for(spec)
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        out = plan.decode_batch(batch)
+        if out.num_rows:
+            yield out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Value conversion
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Reject(Exception):
+    """A value does not convert to its column's type; the message is the reason (without the column name)."""
+
+
+class _Reparse(Exception):
+    """A numeric column received a JSON number that the fast parser turned into a double, and its exact digits
+    could not be recovered from the raw bytes: parse the message again with exact decimals."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        try:
+            text = _dumps_compact(value)
+        except Exception:
+            text = repr(value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        text = repr(value)
+    elif isinstance(value, Decimal):
+        text = str(value)
+    else:
+        text = repr(value) if isinstance(value, str) else json.dumps(value)
+    if len(text) > _MAX_SHOWN:
+        text = text[: _MAX_SHOWN - 3] + "..."
+    return text
+
+
+def _bad(value: Any, expected: str, why: str = "") -> _Reject:
+    return _Reject(f"{_show(value)} is not a valid {expected}" + (f" ({why})" if why else ""))
+
+
+def _column_schema(ctx: _Ctx, name: str) -> dict[str, Any] | None:
+    """The Connect schema of column ``name`` inside field ``struct`` ('' = top level) of the message's schema,
+    memoised on the schema dict (which the schema cache shares between messages)."""
+    schema, struct, _ = ctx
+    if schema is None:
+        return None
+    memo_key = "\x00cdcsync:" + struct
+    by_name = schema.get(memo_key)
+    if by_name is None:
+        by_name = {}
+        fields: Any = schema.get("fields")
+        if struct and type(fields) is list:
+            fields = next(
+                (f.get("fields") for f in fields if type(f) is dict and f.get("field") == struct), None
+            )
+        if type(fields) is list:
+            for f in fields:
+                if type(f) is dict and type(f.get("field")) is str:
+                    by_name[f["field"]] = f
+        schema[memo_key] = by_name
+    found = by_name.get(name)
+    return found if type(found) is dict else None
+
+
+def _logical(schema: dict[str, Any] | None) -> tuple[str | None, dict[str, Any]]:
+    if schema is None:
+        return None, {}
+    params = schema.get("parameters")
+    name = schema.get("name")
+    return (name if type(name) is str else None), (params if type(params) is dict else {})
+
+
+def _b64(value: str) -> bytes:
+    return base64.b64decode(value, validate=True)
+
+
+# A converter takes (JSON value, context) and returns the Python value for the output Arrow column, or raises
+# _Reject. The context is (the message's Connect schema or None, the struct the value is in: "after" / "before",
+# or "" for the message key, the raw message bytes).
+_Ctx = tuple["dict[str, Any] | None", str, bytes]
+Converter = Callable[[Any, _Ctx], Any]
+
+
+def _int_converter(pg: PgType) -> Converter:
+    bound = _INT_RANGES[pg.name]
+    low, high = -bound, bound - 1
+    expected = pg.sql
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is int:
+            if low <= value <= high:
+                return value
+            raise _Reject(f"{_show(value)} is out of range for {expected}")
+        if value is None:
+            return None
+        raise _bad(value, expected, "not an integer")
+
+    return convert
+
+
+def _float_converter(pg: PgType) -> Converter:
+    single = pg.name == "real"
+    expected = pg.sql
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        kind = type(value)
+        if kind is float:
+            result = value
+        elif kind is int or kind is Decimal:
+            try:
+                result = float(value)
+            except OverflowError:
+                raise _Reject(f"{_show(value)} is out of range for {expected}") from None
+            if math.isinf(result):
+                raise _Reject(f"{_show(value)} is out of range for {expected}")
+        elif kind is str:
+            if value not in _FLOAT_WORDS:
+                raise _bad(value, expected, "expected a number, 'NaN', 'Infinity' or '-Infinity'")
+            return _FLOAT_WORDS[value]
+        elif value is None:
+            return None
+        else:
+            raise _bad(value, expected, "not a number")
+        if single and math.isfinite(result) and abs(result) > _FLOAT32_MAX:
+            raise _Reject(f"{_show(value)} is out of range for {expected}")
+        return result
+
+    return convert
+
+
+_POSTGRES_MAX_INTEGER_DIGITS = 131_072
+_POSTGRES_MAX_FRACTION_DIGITS = 16_383
+_MAX_SHIFT = 1_100  # beyond any Postgres numeric precision (1000): rejected without computing 10**shift
+
+
+def _text_parts(text: str) -> tuple[int, int]:
+    match = _DECIMAL_PARTS_RE.fullmatch(text)
+    if match is None or not (match.group(2) or match.group(3)):
+        raise ValueError(text)
+    whole, fraction, exponent = match.group(2, 3, 4)
+    coefficient = int((whole or "") + (fraction or "") or "0")
+    return (-coefficient if match.group(1) == "-" else coefficient), (int(exponent) if exponent else 0) - len(
+        fraction or ""
+    )
+
+
+def _decimal_parts(
+    value: Any, ctx: _Ctx, name: str, number_pattern: re.Pattern[bytes], expected: str
+) -> tuple[int, int] | str:
+    """A Debezium numeric value as (coefficient, exponent), or 'NaN' / 'Infinity' / '-Infinity'."""
+    kind = type(value)
+    if kind is int:
+        return value, 0
+    if kind is float:  # a JSON number, which the fast parser read as a double: take its digits from the bytes
+        parts = _exact_number(ctx[2], number_pattern, value)
+        if parts is None:
+            raise _Reparse()
+        return parts
+    try:
+        if kind is str:
+            logical, params = _logical(_column_schema(ctx, name))
+            if logical == _DEBEZIUM_DECIMAL:
+                try:
+                    return int.from_bytes(_b64(value), "big", signed=True), -int(params.get("scale", 0))
+                except ValueError:
+                    raise _bad(value, expected, "not base64 Connect Decimal bytes with a scale") from None
+            if value in _NUMERIC_WORDS:
+                return _NUMERIC_WORDS[value]
+            return _text_parts(value)
+        if kind is Decimal:
+            if not value.is_finite():
+                return "NaN" if value.is_nan() else ("-Infinity" if value.is_signed() else "Infinity")
+            sign, digits, exponent = value.as_tuple()
+            coefficient = int("".join(map(str, digits)) or "0")
+            return (-coefficient if sign else coefficient), int(exponent)
+        if kind is dict:  # io.debezium.data.VariableScaleDecimal {scale, value}
+            scale, digits = value.get("scale"), value.get("value")
+            if type(scale) is int and type(digits) is str:
+                return int.from_bytes(_b64(digits), "big", signed=True), -scale
+            raise _bad(value, expected, "not a VariableScaleDecimal {scale, value}")
+    except ValueError:  # includes binascii.Error and Python's limit on digits in int(str)
+        raise _bad(value, expected, "not a decimal number") from None
+    raise _bad(value, expected, "not a number")
+
+
+def _unscaled_text(unscaled: int, scale: int) -> str:
+    if scale <= 0:
+        return str(unscaled * 10**-scale)
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    return ("-" if unscaled < 0 else "") + digits[:-scale] + "." + digits[-scale:]
+
+
+def _numeric_converter(name: str, pg: PgType) -> Converter:
+    """Decimal columns yield the unscaled integer at the column's scale (built into decimal128 per batch);
+    numeric columns without a Spark decimal counterpart yield the exact decimal text."""
+    expected = pg.sql
+    spark_decimal = pg.spark_type.startswith("decimal")
+    number_pattern = _number_pattern(name)
+
+    if not pg.args:  # unconstrained numeric
+
+        def convert_free(value: Any, ctx: _Ctx) -> Any:
+            if value is None:
+                return None
+            parts = _decimal_parts(value, ctx, name, number_pattern, expected)
+            if isinstance(parts, str):
+                return parts
+            coefficient, exponent = parts
+            if coefficient == 0:
+                return "0"
+            digits = len(str(abs(coefficient)))
+            if digits + exponent > _POSTGRES_MAX_INTEGER_DIGITS or -exponent > _POSTGRES_MAX_FRACTION_DIGITS:
+                raise _Reject(f"{_show(value)} is out of range for numeric")
+            return _unscaled_text(coefficient, -exponent) if exponent < 0 else str(coefficient * 10**exponent)
+
+        return convert_free
+
+    precision = pg.args[0]
+    scale = pg.args[1] if len(pg.args) > 1 else 0
+    limit = 10**precision
+    powers = [10**k for k in range(precision + 1)]
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if value is None:
+            return None
+        parts = _decimal_parts(value, ctx, name, number_pattern, expected)
+        if isinstance(parts, str):
+            if parts == "NaN" and not spark_decimal:
+                return "NaN"
+            raise _Reject(f"{_show(value)} does not fit {expected} (not a finite number)")
+        coefficient, exponent = parts
+        shift = exponent + scale
+        if shift >= 0:
+            if coefficient == 0:
+                return 0 if spark_decimal else _unscaled_text(0, scale)
+            if shift > precision:
+                raise _Reject(f"{_show(value)} does not fit {expected} (more than {precision - scale} integer digits)")
+            unscaled = coefficient * powers[shift]
+        else:
+            if -shift > _MAX_SHIFT:
+                remainder = coefficient
+                unscaled = 0
+            else:
+                unscaled, remainder = divmod(coefficient, 10**-shift)
+            if remainder:
+                raise _Reject(f"{_show(value)} does not fit {expected} (more than {scale} digits after the point)")
+        if not -limit < unscaled < limit:
+            raise _Reject(f"{_show(value)} does not fit {expected} (more than {precision - scale} integer digits)")
+        return unscaled if spark_decimal else _unscaled_text(unscaled, scale)
+
+    return convert
+
+
+def _bool_converter(pg: PgType) -> Converter:
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if value is True or value is False or value is None:
+            return value
+        raise _bad(value, "boolean", "expected true or false")
+
+    return convert
+
+
+def _json_text(value: Any) -> str:
+    """Compact JSON text of a parsed value (Decimals from the exact re-parse written as they came)."""
+    try:
+        return _dumps_compact(value)
+    except Exception:
+        return _dumps_exact(value)
+
+
+def _dumps_exact(value: Any) -> str:
+    if isinstance(value, dict):
+        items = (json.dumps(str(k), ensure_ascii=False) + ":" + _dumps_exact(v) for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dumps_exact(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _text_converter(pg: PgType) -> Converter:
+    expected = pg.sql
+    is_json = pg.name in ("json", "jsonb")
+    max_length = pg.args[0] if pg.args and pg.name in ("character varying", "character") else None
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        kind = type(value)
+        if kind is str:
+            text = value
+        elif value is None:
+            return None
+        elif kind is dict or kind is list:
+            try:
+                text = _json_text(value)
+            except ValueError:
+                raise _bad(value, expected, "not representable as JSON") from None
+        elif kind is bool:
+            text = "true" if value else "false"
+        elif kind is int or kind is Decimal:
+            text = str(value)
+        elif kind is float:
+            if is_json and not math.isfinite(value):
+                raise _bad(value, expected, "NaN and Infinity are not JSON")
+            text = repr(value) if math.isfinite(value) else _show(value)
+        else:
+            raise _bad(value, expected)
+        if "\x00" in text:
+            raise _bad(value, expected, "Postgres text cannot contain NUL characters")
+        if max_length is not None and len(text) > max_length:
+            if text[max_length:].strip(" "):
+                raise _Reject(f"{_show(value)} is longer than {expected} allows")
+            text = text[:max_length]  # Postgres also cuts excess trailing spaces silently
+        return text
+
+    return convert
+
+
+def _uuid_converter(pg: PgType) -> Converter:
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is str:
+            try:
+                return str(uuid.UUID(value))
+            except ValueError:
+                raise _bad(value, "uuid") from None
+        if value is None:
+            return None
+        raise _bad(value, "uuid", "expected a string")
+
+    return convert
+
+
+def _bytea_converter(pg: PgType) -> Converter:
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is str:
+            try:
+                return _b64(value)
+            except (ValueError, binascii.Error):
+                raise _bad(value, "bytea", "expected base64 as JsonConverter writes bytes") from None
+        if value is None:
+            return None
+        raise _bad(value, "bytea", "expected a base64 string")
+
+    return convert
+
+
+def _date_converter(pg: PgType) -> Converter:
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        kind = type(value)
+        if kind is int:
+            days = value
+        elif kind is str:
+            match = _ISO_DATE_RE.fullmatch(value)
+            if not match:
+                raise _bad(value, "date", "expected days since 1970-01-01 or an ISO date")
+            try:
+                days = date(int(match[1]), int(match[2]), int(match[3])).toordinal() - 719163
+            except ValueError:
+                raise _bad(value, "date") from None
+        elif value is None:
+            return None
+        else:
+            raise _bad(value, "date", "expected days since 1970-01-01 or an ISO date")
+        if not _MIN_DAYS <= days <= _MAX_DAYS:
+            raise _Reject(f"{_show(value)} is out of range for date (years 1-9999)")
+        return days
+
+    return convert
+
+
+def _scale_int(value: int, unit: int) -> int:
+    return value * unit if unit > 0 else value // -unit
+
+
+def _parse_iso_timestamp(text: str, *, keep_wall_clock: bool) -> int:
+    """Microseconds since the epoch for an ISO-8601 timestamp string; raises ValueError."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        parsed = _parse_iso_timestamp_slow(text)
+    if parsed.tzinfo is None:
+        return (parsed - _EPOCH_NAIVE) // _ONE_US
+    if keep_wall_clock:
+        return (parsed.replace(tzinfo=None) - _EPOCH_NAIVE) // _ONE_US
+    return (parsed - _EPOCH_UTC) // _ONE_US
+
+
+def _parse_iso_timestamp_slow(text: str) -> datetime:
+    """ISO forms ``datetime.fromisoformat`` of older Pythons refuses: ``Z``, 1-9 fraction digits, ``+hhmm``."""
+    match = _ISO_TS_RE.fullmatch(text.strip())
+    if not match:
+        raise ValueError(text)
+    year, month, day, hour, minute = (int(match[i]) for i in range(1, 6))
+    second = int(match[6] or 0)
+    micros = int((match[7] or "").ljust(6, "0")[:6])
+    tz = None
+    offset = match[8]
+    if offset:
+        if offset in ("Z", "z"):
+            tz = timezone.utc
+        else:
+            digits = offset[1:].replace(":", "")
+            delta = timedelta(hours=int(digits[:2]), minutes=int(digits[2:4] or 0), seconds=int(digits[4:6] or 0))
+            tz = timezone(-delta if offset[0] == "-" else delta)
+    return datetime(year, month, day, hour, minute, second, micros, tzinfo=tz)
+
+
+def _time_text(micros: int) -> str:
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{hour:02d}:{minute:02d}:{second:02d}"
+    return f"{text}.{fraction:06d}" if fraction else text
+
+
+def _timestamp_column(name: str, pg: PgType) -> Converter:
+    with_tz = pg.name == "timestamp with time zone"
+    expected = pg.sql
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        kind = type(value)
+        if kind is str:
+            try:
+                micros = _parse_iso_timestamp(value, keep_wall_clock=not with_tz)
+            except (ValueError, OverflowError):
+                raise _bad(value, expected, "not an ISO-8601 timestamp") from None
+        elif kind is int:
+            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else None
+            micros = _scale_int(value, _TIMESTAMP_UNITS.get(logical or "", 1))
+        elif value is None:
+            return None
+        else:
+            raise _bad(value, expected, "expected an epoch integer or an ISO-8601 string")
+        if not _MIN_US <= micros <= _MAX_US:
+            raise _Reject(f"{_show(value)} is out of range for {expected} (years 1-9999)")
+        return micros
+
+    return convert
+
+
+def _time_column(name: str, pg: PgType) -> Converter:
+    expected = pg.sql
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        kind = type(value)
+        if kind is int:
+            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else None
+            micros = _scale_int(value, _TIME_UNITS.get(logical or "", 1))
+            if not 0 <= micros <= _US_PER_DAY:
+                raise _Reject(f"{_show(value)} is out of range for {expected}")
+            return _time_text(micros)
+        if kind is str:
+            match = _TIME_RE.fullmatch(value)
+            if match:
+                hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
+                micros = int((match[4] or "").ljust(6, "0")[:6])
+                total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + micros
+                if minute < 60 and second < 60 and total <= _US_PER_DAY:
+                    return _time_text(total)
+            raise _bad(value, expected, "expected HH:MM[:SS[.ffffff]] or microseconds since midnight")
+        if value is None:
+            return None
+        raise _bad(value, expected, "expected microseconds since midnight or HH:MM:SS")
+
+    return convert
+
+
+def _interval_converter(pg: PgType) -> Converter:
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is str:  # io.debezium.time.Interval: ISO-8601 duration, which Postgres reads as is
+            if "\x00" in value:
+                raise _bad(value, "interval")
+            return value
+        if type(value) is int:  # io.debezium.time.MicroDuration
+            return f"{value} microseconds"
+        if value is None:
+            return None
+        raise _bad(value, "interval", "expected microseconds or an ISO-8601 duration")
+
+    return convert
+
+
+def _converter_for(name: str, pg: PgType, source_id: str) -> Converter:
+    kind = pg.name
+    if kind in _INT_RANGES:
+        return _int_converter(pg)
+    if kind in ("real", "double precision"):
+        return _float_converter(pg)
+    if kind == "numeric":
+        return _numeric_converter(name, pg)
+    if kind == "boolean":
+        return _bool_converter(pg)
+    if kind in ("text", "character varying", "character", "json", "jsonb"):
+        return _text_converter(pg)
+    if kind == "uuid":
+        return _uuid_converter(pg)
+    if kind == "bytea":
+        return _bytea_converter(pg)
+    if kind == "date":
+        return _date_converter(pg)
+    if kind in ("timestamp without time zone", "timestamp with time zone"):
+        return _timestamp_column(name, pg)
+    if kind == "time without time zone":
+        return _time_column(name, pg)
+    if kind == "interval":
+        return _interval_converter(pg)
+    raise DecodeError(f"source '{source_id}': column '{name}': type {pg.sql} is not supported by the JSON decoder")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------------------------------
+
+_ROW_STRUCT = {"c": "after", "u": "after", "r": "after", "d": "before"}
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+_WRAPPED_PREFIX = b'{"schema":'
+_PAYLOAD_MARK = b',"payload":'
+_SCHEMA_CACHE: dict[bytes, dict[str, Any]] = {}
+_SCHEMA_CACHE_SIZE = 256
+
+
+def _loads_exact(raw: bytes, what: str) -> tuple[Any, str | None]:
+    """Parse with the standard library (exact Decimals for non-integers, NaN/Infinity literals accepted);
+    returns (object, None) or (None, reason)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, f"{what} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position {error.start})"
+    try:
+        return json.loads(text, parse_float=Decimal), None
+    except json.JSONDecodeError as error:
+        return None, f"{what} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+    except ValueError as error:  # e.g. an integer with more digits than Python converts
+        return None, f"{what} is not usable JSON: {error}"
+    except RecursionError:
+        return None, f"{what} is not usable JSON: nested too deeply"
+
+
+def _loads(raw: bytes, what: str) -> tuple[Any, str | None]:
+    try:
+        return _fast_loads(raw), None
+    except Exception:  # invalid JSON, or a number the fast parser refuses: let the exact parser decide
+        return _loads_exact(raw, what)
+
+
+def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
+    """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message, parsing each distinct schema once.
+
+    JsonConverter writes the schema first and identically for every message of a table, so the bytes before
+    ``,"payload":`` are a cache key. The first ``,"payload":`` is at or before the real boundary; a false one
+    inside the schema leaves an unbalanced prefix that does not parse. None means: take the general path."""
+    if not raw.startswith(_WRAPPED_PREFIX) or not raw.endswith(b"}"):
+        return None
+    split = raw.find(_PAYLOAD_MARK, 10)
+    if split < 0:
+        return None
+    schema_bytes = raw[10:split]
+    schema = _SCHEMA_CACHE.get(schema_bytes)
+    if schema is None:
+        try:
+            schema = _fast_loads(schema_bytes)
+        except Exception:
+            return None
+        if type(schema) is not dict:
+            return None
+        if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
+            _SCHEMA_CACHE.clear()
+        _SCHEMA_CACHE[schema_bytes] = schema
+    try:
+        payload = _fast_loads(raw[split + 11 : -1])
+    except Exception:
+        return None
+    return schema, payload
+
+
+def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, Any]] | str:
+    """(schema or None, payload object) of a parsed message, or the reason it is not one."""
+    if type(document) is not dict:
+        return f"{what} is {_describe_json(document)}, not a JSON object"
+    if "schema" in document or "payload" in document:
+        if "payload" not in document:
+            return f"{what} has a 'schema' but no 'payload'"
+        payload = document["payload"]
+        schema = document.get("schema")
+        if type(payload) is not dict:
+            return f"{what} 'payload' is {_describe_json(payload)}, not a JSON object"
+        return (schema if type(schema) is dict else None), payload
+    return None, document
+
+
+def _describe_json(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _number_pattern(name: str) -> re.Pattern[bytes]:
+    """Finds the number tokens of every ``"name":<number>`` in a raw JSON message."""
+    json_name = _dumps_compact(name).encode() + b":"
+    return re.compile(re.escape(json_name) + rb"[ \t\n\r]*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)")
+
+
+def _exact_number(raw: bytes, pattern: re.Pattern[bytes], parsed: float) -> tuple[int, int] | None:
+    """(coefficient, exponent) of the JSON number that the fast parser read as the double ``parsed``, from its
+    text in ``raw``; None when that is not certain.
+
+    Every ``"name":<number>`` in the message is considered (``before`` and ``after`` both hold the field, and a
+    ``"name"`` key cannot occur inside a JSON string); the tokens that round to ``parsed`` must all be the same
+    text. A key of that name nested in another column's JSON is harmless for the same reason."""
+    found: bytes | None = None
+    for token in pattern.findall(raw):
+        if token == found:
+            continue
+        try:
+            if float(token) != parsed:
+                continue
+        except (ValueError, OverflowError):
+            return None
+        if found is not None:
+            return None
+        found = token
+    if found is None:
+        return None
+    try:
+        if b"e" in found or b"E" in found:
+            mantissa, _, exponent = found.replace(b"E", b"e").partition(b"e")
+        else:
+            mantissa, exponent = found, b"0"
+        whole, _, fraction = mantissa.partition(b".")
+        return int(whole + fraction), int(exponent) - len(fraction)
+    except ValueError:  # more digits than Python converts
+        return None
+
+
+class _Plan:
+    """Per-spec precomputation: converters, key handling and output types (cached per executor process)."""
+
+    def __init__(self, spec: DecodeSpec) -> None:
+        import pyarrow as pa
+
+        self.spec = spec
+        self.names = [name for name, _ in spec.columns]
+        if len(set(self.names)) != len(self.names):
+            raise DecodeError(f"source '{spec.source_id}': a column is declared twice")
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.converters = [_converter_for(name, pg, spec.source_id) for name, pg in spec.columns]
+        self.columns = list(zip(self.names, self.converters, strict=True))
+        if spec.primary_key is not None:
+            missing = [k for k in spec.primary_key if k not in self.index]
+            if missing:
+                raise DecodeError(f"source '{spec.source_id}': primary key column '{missing[0]}' is not declared")
+            self.pk_index: list[int] | None = [self.index[k] for k in spec.primary_key]
+        else:
+            self.pk_index = None
+        self.schema = output_arrow_schema(spec)
+        width = len(self.names) + 3  # business columns, then _cdc_op, _cdc_version, _cdc_ts
+        self.row_types = [self.schema.field(i).type for i in range(width)]
+        self.null_row = [None] * width
+        self.pa = pa
+
+    # ---- one message -----------------------------------------------------------------------------------------
+
+    def decode_message(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str:
+        """The output row ([business..., op, version or None, ts or None]) or a dead-letter reason."""
+        parts = _fast_wrapped(raw)
+        if parts is None:
+            document, reason = _loads(raw, "value")
+            if reason is not None:
+                return reason
+            parts = _unwrap(document, "value")  # type: ignore[assignment]
+            if type(parts) is str:
+                return parts
+        elif type(parts[1]) is not dict:
+            return f"value 'payload' is {_describe_json(parts[1])}, not a JSON object"
+        schema, payload = parts  # type: ignore[misc]
+        try:
+            return self._decode_payload(payload, schema, raw, key_raw)
+        except _Reparse:
+            document, reason = _loads_exact(raw, "value")
+            if reason is not None:
+                return reason
+            parts = _unwrap(document, "value")  # type: ignore[assignment]
+            if type(parts) is str:
+                return parts
+            schema, payload = parts  # type: ignore[misc]
+            try:
+                return self._decode_payload(payload, schema, raw, key_raw)
+            except _Reparse:  # pragma: no cover - exact parsing yields no floats
+                return "value: a number could not be read exactly"
+
+    def _decode_payload(self, payload: dict[str, Any], schema: dict[str, Any] | None, raw: bytes,
+                        key_raw: bytes | None) -> list[Any] | str:
+        op = payload.get("op")
+        struct = _ROW_STRUCT.get(op) if type(op) is str else None
+        if struct is None:
+            if op is None:
+                return "no 'op' field: not a Debezium change event"
+            if op == "t":
+                return "truncate events (op 't') are not supported yet"
+            return f"unsupported op {_show(op)}; expected one of c, u, d, r"
+        row = payload.get(struct)
+        if type(row) is not dict:
+            if row is not None:
+                return f"'{struct}' is {_describe_json(row)}, not an object"
+            if struct == "after":
+                return f"op '{op}' has no 'after' row"
+            row = {}
+
+        ctx = (schema, struct, raw)
+        values: list[Any] = []
+        append = values.append
+        for name, convert in self.columns:
+            value = row.get(name)
+            if value is None:
+                append(None)
+                continue
+            try:
+                append(convert(value, ctx))
+            except _Reject as error:
+                return f"column '{name}': {error}"
+
+        pk_index = self.pk_index
+        if pk_index is None:
+            reason = self._key_from_message(values, key_raw)
+            if reason is not None:
+                return reason
+        else:
+            for i in pk_index:
+                if values[i] is None:
+                    reason = self._key_fallback(values, key_raw)
+                    if reason is not None:
+                        return reason
+                    break
+
+        version = ts = None
+        source = payload.get("source")
+        if type(source) is dict:
+            lsn = source.get("lsn")
+            if type(lsn) is int and 0 <= lsn <= _MAX_BIGINT:
+                version = lsn
+            ts_ms = source.get("ts_ms")
+            if type(ts_ms) is int and _MIN_TS_MS <= ts_ms <= _MAX_TS_MS:
+                ts = ts_ms * 1000
+        if ts is None:
+            ts_ms = payload.get("ts_ms")
+            if type(ts_ms) is int and _MIN_TS_MS <= ts_ms <= _MAX_TS_MS:
+                ts = ts_ms * 1000
+        append(op)
+        append(version)
+        append(ts)
+        return values
+
+    # ---- the primary key -------------------------------------------------------------------------------------
+
+    def _parse_key(
+        self, key_raw: bytes | None, exact: bool
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+        """(key columns, key schema, None) or ({}, None, reason)."""
+        if key_raw is None:
+            return {}, None, "message has no key"
+        parts = None if exact else _fast_wrapped(key_raw)
+        if parts is None:
+            document, reason = _loads_exact(key_raw, "message key") if exact else _loads(key_raw, "message key")
+            if reason is not None:
+                return {}, None, reason
+            if type(document) is dict and ("schema" in document or "payload" in document):
+                parts = _unwrap(document, "message key")  # type: ignore[assignment]
+                if type(parts) is str:
+                    return {}, None, parts
+            else:
+                parts = None, document  # type: ignore[assignment]
+        schema, key = parts  # type: ignore[misc]
+        if type(key) is not dict:
+            return {}, None, f"message key is {_describe_json(key)}, not a JSON object of key columns"
+        return key, schema, None
+
+    def _key_fallback(self, values: list[Any], key_raw: bytes | None) -> str | None:
+        """Fill null declared key columns from the message key."""
+        try:
+            return self._key_fallback_once(values, key_raw, exact=False)
+        except _Reparse:
+            return self._key_fallback_once(values, key_raw, exact=True)
+
+    def _key_fallback_once(self, values: list[Any], key_raw: bytes | None, exact: bool) -> str | None:
+        assert self.pk_index is not None
+        missing = [i for i in self.pk_index if values[i] is None]
+        key, schema, reason = self._parse_key(key_raw, exact)
+        if reason is not None:
+            return f"primary key column '{self.names[missing[0]]}' is null ({reason})"
+        for i in missing:
+            name = self.names[i]
+            value = key.get(name)
+            if value is not None:
+                try:
+                    values[i] = self.converters[i](value, (schema, "", key_raw or b""))
+                except _Reject as error:
+                    return f"message key column '{name}': {error}"
+            if values[i] is None:
+                return f"primary key column '{name}' is null"
+        return None
+
+    def _key_from_message(self, values: list[Any], key_raw: bytes | None) -> str | None:
+        """No declared primary key: the message key's fields are the key columns and override the row's."""
+        try:
+            return self._key_from_message_once(values, key_raw, exact=False)
+        except _Reparse:
+            return self._key_from_message_once(values, key_raw, exact=True)
+
+    def _key_from_message_once(self, values: list[Any], key_raw: bytes | None, exact: bool) -> str | None:
+        key, schema, reason = self._parse_key(key_raw, exact)
+        if reason is not None:
+            return f"{reason}, and the source declares no primary_key to take the key from"
+        if not key:
+            return "message key has no fields, and the source declares no primary_key"
+        index = self.index
+        for name, value in key.items():
+            if name not in index:
+                return f"message key field '{name}' is not a declared column of source '{self.spec.source_id}'"
+            if value is None:
+                return f"primary key column '{name}' is null"
+            i = index[name]
+            try:
+                values[i] = self.converters[i](value, (schema, "", key_raw or b""))
+            except _Reject as error:
+                return f"message key column '{name}': {error}"
+        return None
+
+    # ---- one batch -------------------------------------------------------------------------------------------
+
+    def decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        # Decoding allocates many short-lived containers while the output rows accumulate; the cyclic garbage
+        # collector would rescan those rows again and again, and nothing here creates reference cycles.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode_batch(batch)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        pa = self.pa
+        names = batch.schema.names
+        values_in = batch.column(names.index("value")).to_pylist()
+        keys_in = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(values_in)
+        offsets_in: list[Any] | None = None
+        kafka_ts: list[Any] | None = None
+
+        rows: list[list[Any]] = []
+        sources: list[int] = []
+        reasons: list[str | None] = []
+        failed = False
+        decode = self.decode_message
+        null_row = self.null_row
+        for i, raw in enumerate(values_in):
+            if raw is None:  # tombstone
+                continue
+            try:
+                result = decode(raw, keys_in[i])
+            except Exception as error:  # a decoder bug must not fail the query: dead-letter the message
+                result = f"decoder error: {type(error).__name__}: {error}"[:300]
+            sources.append(i)
+            if type(result) is list:
+                if result[-2] is None:
+                    if offsets_in is None:
+                        offsets_in = batch.column(names.index("offset")).to_pylist()
+                    result[-2] = offsets_in[i]
+                if result[-1] is None:
+                    if kafka_ts is None:
+                        kafka_ts = self._kafka_micros(batch)
+                    result[-1] = kafka_ts[i]
+                rows.append(result)
+                reasons.append(None)
+            else:
+                rows.append(null_row)
+                reasons.append(result)  # type: ignore[arg-type]
+                failed = True
+
+        count = len(rows)
+        columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
+        arrays = [self._array(column, t) for column, t in zip(columns, self.row_types, strict=True)]
+        take = pa.array(sources, type=pa.int64())
+        for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
+            taken = batch.column(names.index(column)).take(take)
+            arrays.append(taken if taken.type == arrow_type else taken.cast(arrow_type))
+        arrays.append(pa.array(reasons, type=pa.string()))
+        if failed:
+            dead = list(zip(sources, reasons, strict=True))
+            arrays.append(pa.array([keys_in[s] if r else None for s, r in dead], type=pa.binary()))
+            arrays.append(pa.array([values_in[s] if r else None for s, r in dead], type=pa.binary()))
+        else:
+            arrays.append(pa.nulls(count, type=pa.binary()))
+            arrays.append(pa.nulls(count, type=pa.binary()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _array(self, column: Any, arrow_type: pa.DataType) -> pa.Array:
+        pa = self.pa
+        if not pa.types.is_decimal(arrow_type):
+            return pa.array(column, type=arrow_type)
+        # Decimal columns hold unscaled integers: 16-byte two's complement is the decimal128 layout itself.
+        try:
+            unscaled = pa.array(column, type=pa.int64())
+        except OverflowError:
+            scale = arrow_type.scale
+            decimals = [None if u is None else Decimal(u).scaleb(-scale) for u in column]
+            return pa.array(decimals, type=arrow_type)
+        return unscaled.cast(pa.decimal128(38, 0)).view(arrow_type)
+
+    def _kafka_micros(self, batch: pa.RecordBatch) -> list[Any]:
+        pa = self.pa
+        names = batch.schema.names
+        if "timestamp" not in names:
+            return [None] * batch.num_rows
+        column = batch.column(names.index("timestamp"))
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+        micros = column.cast(pa.int64()).to_pylist()
+        return [m if m is not None and _MIN_US <= m <= _MAX_US else None for m in micros]
+
+
+@lru_cache(maxsize=64)
+def _plan_for(spec: DecodeSpec) -> _Plan:
+    return _Plan(spec)

@@ -1,0 +1,49 @@
+"""Names of the Postgres objects cdcsync creates and the columns it adds, shared by migrations and sinks.
+
+Tables cdcsync owns live in the :data:`INTERNAL_SCHEMA`; the functions here return bare (unquoted) table
+names within it. Quote them with :func:`cdcsync.sql.render.quote_qualified` or the templates' ``qualified``
+filter: ``{{ internal_schema | qualified(stage_table) }}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+INTERNAL_SCHEMA = "cdcsync"
+SCHEMA_MIGRATIONS_TABLE = "schema_migrations"
+BATCH_LEDGER_TABLE = "batch_ledger"
+DEAD_LETTERS_TABLE = "dead_letters"
+
+# Columns of the mirror table beside the business columns.
+VERSION_COLUMN = "_cdc_version"
+TS_COLUMN = "_cdc_ts"
+DELETED_COLUMN = "_cdc_deleted"  # soft delete mode only
+# Columns of the staging table beside the business columns.
+BATCH_ID_COLUMN = "_batch_id"
+OP_COLUMN = "_cdc_op"
+
+
+def stage_table(pipeline: str, sink_id: str) -> str:
+    """The UNLOGGED staging table a sink COPYs a micro-batch into, in :data:`INTERNAL_SCHEMA`."""
+    return f"{pipeline}__{sink_id}__stage"
+
+
+def tombstone_table(pipeline: str, sink_id: str) -> str:
+    """The table remembering hard-deleted keys (delete_mode hard only), in :data:`INTERNAL_SCHEMA`."""
+    return f"{pipeline}__{sink_id}__tombstones"
+
+
+def mirror_columns(business_columns: Sequence[str], delete_mode: str) -> list[str]:
+    """Column order of a mirror table."""
+    extra = [DELETED_COLUMN] if delete_mode == "soft" else []
+    return [*business_columns, VERSION_COLUMN, TS_COLUMN, *extra]
+
+
+def stage_columns(business_columns: Sequence[str]) -> list[str]:
+    """Column order of a staging table (the order COPY should use)."""
+    return [BATCH_ID_COLUMN, *business_columns, OP_COLUMN, VERSION_COLUMN, TS_COLUMN]
+
+
+def tombstone_columns(primary_key: Sequence[str]) -> list[str]:
+    """Column order of a tombstone table."""
+    return [*primary_key, VERSION_COLUMN]

@@ -1,0 +1,164 @@
+"""Jinja2 rendering of the SQL templates in the repository's ``templates/`` directory.
+
+Python passes values; the templates decide the shape of the SQL. Every identifier reaches SQL through the
+``ident`` / ``qualified`` / ``columns`` filters, every string through ``literal`` and every column type through
+``pg_type``, so a name from the pipeline YAML can never break out of its quotes, whatever it contains.
+
+Filters available in every template:
+
+``ident``       ``{{ name | ident }}`` -> ``"name"`` (always double-quoted, embedded ``"`` doubled)
+``qualified``   ``{{ schema | qualified(table) }}`` -> ``"schema"."table"``
+``ident_path``  ``{{ (schema, table) | ident_path }}`` -> ``"schema"."table"`` (any number of parts)
+``columns``     ``{{ names | columns }}`` -> ``"a", "b"``
+``literal``     ``{{ text | literal }}`` -> ``'text'`` (``'`` doubled; ``E'...'`` when it holds a backslash)
+``pg_type``     ``{{ type_text | pg_type }}`` -> canonical Postgres type, refused unless cdcsync understands it
+``comment``     ``{{ text | comment }}`` -> text safe inside a ``--`` comment (line breaks escaped)
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+import cdcsync
+from cdcsync.config.types import UnknownTypeError, parse_pg_type
+from cdcsync.errors import ConfigError
+
+POSTGRES_MAX_IDENTIFIER_BYTES = 63
+
+
+def templates_dir() -> Path:
+    """The ``templates/`` directory: inside the package for wheel installs, else at the repository's top level."""
+    package_dir = Path(cdcsync.__file__).parent
+    bundled = package_dir / "templates"
+    if bundled.is_dir():
+        return bundled
+    return package_dir.parent / "templates"
+
+
+def _require_defined(value: object) -> None:
+    """A missing template value fails as undefined (StrictUndefined), not as a confusing type error."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+
+
+def quote_ident(name: object) -> str:
+    """Quote a Postgres identifier: always double-quoted, embedded double quotes doubled.
+
+    Refuses what Postgres would reject or silently change: empty names, NUL characters and names longer than
+    63 bytes (Postgres would truncate them, and two long names could then land on the same table).
+    """
+    _require_defined(name)
+    if not isinstance(name, str):
+        raise TypeError(f"an identifier must be a string, got {type(name).__name__}")
+    if name == "":
+        raise ConfigError("an empty identifier cannot be used in SQL")
+    if "\x00" in name:
+        raise ConfigError(f"identifier {name!r} contains a NUL character, which Postgres does not allow")
+    if len(name.encode()) > POSTGRES_MAX_IDENTIFIER_BYTES:
+        raise ConfigError(
+            f"identifier {name!r} is longer than Postgres' {POSTGRES_MAX_IDENTIFIER_BYTES}-byte limit "
+            "(Postgres would silently truncate it)"
+        )
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_qualified(schema: object, name: object) -> str:
+    """``schema`` and ``name`` as ``"schema"."name"``."""
+    return f"{quote_ident(schema)}.{quote_ident(name)}"
+
+
+def quote_path(parts: Iterable[object]) -> str:
+    """A dotted name from its parts, e.g. ``("app", "orders")`` -> ``"app"."orders"``."""
+    _require_defined(parts)
+    if isinstance(parts, str):
+        raise TypeError("the ident_path filter takes a sequence of names such as (schema, table), not a string")
+    quoted = [quote_ident(part) for part in parts]
+    if not quoted:
+        raise ConfigError("an empty name cannot be used in SQL")
+    return ".".join(quoted)
+
+
+def quote_columns(names: Iterable[object]) -> str:
+    """A list of column names, each quoted, joined with ``, ``."""
+    _require_defined(names)
+    if isinstance(names, str):
+        raise TypeError("the columns filter takes a list of names, not a single string")
+    quoted = [quote_ident(name) for name in names]
+    if not quoted:
+        raise ConfigError("an empty column list cannot be used in SQL")
+    return ", ".join(quoted)
+
+
+def quote_literal(value: object) -> str:
+    """A SQL string literal.
+
+    Single quotes are doubled. A value holding a backslash is written as an escape string (``E'...'``, with
+    backslashes doubled too), which reads the same whatever ``standard_conforming_strings`` is set to.
+    """
+    _require_defined(value)
+    if not isinstance(value, str):
+        raise TypeError(f"the literal filter takes a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ConfigError(f"string {value!r} contains a NUL character, which Postgres text cannot hold")
+    escaped = value.replace("'", "''")
+    if "\\" in value:
+        return "E'" + escaped.replace("\\", "\\\\") + "'"
+    return "'" + escaped + "'"
+
+
+def canonical_pg_type(type_text: object) -> str:
+    """The canonical spelling of a column type; anything cdcsync does not understand is refused."""
+    _require_defined(type_text)
+    if not isinstance(type_text, str):
+        raise TypeError(f"the pg_type filter takes a string, got {type(type_text).__name__}")
+    try:
+        return parse_pg_type(type_text).sql
+    except UnknownTypeError as error:
+        raise ConfigError(str(error)) from None
+
+
+def comment_text(value: object) -> str:
+    """Text that is safe inside a ``--`` SQL comment: control characters and line separators are escaped."""
+    text = str(value)
+    out = []
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The shared Jinja environment (cached): strict about undefined values, no HTML autoescaping."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["ident"] = quote_ident
+    env.filters["qualified"] = quote_qualified
+    env.filters["ident_path"] = quote_path
+    env.filters["columns"] = quote_columns
+    env.filters["literal"] = quote_literal
+    env.filters["pg_type"] = canonical_pg_type
+    env.filters["comment"] = comment_text
+    return env
+
+
+def render(template: str, **values: Any) -> str:
+    """Render ``template`` (a path under ``templates/``, e.g. ``postgres/mirror_table.sql.j2``) with ``values``."""
+    try:
+        return environment().get_template(template).render(**values)
+    except jinja2.TemplateNotFound:
+        raise FileNotFoundError(f"SQL template {template!r} not found under {templates_dir()}") from None

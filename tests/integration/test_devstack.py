@@ -1,0 +1,145 @@
+"""The dev stack against the real thing: Postgres from the wheel, a KRaft Kafka broker on the local JVM.
+
+Ports are picked free at run time so that a developer's own ``cdcsync dev up`` (default ports) keeps running.
+The tests in this module share one stack and run in order; the last one takes it down.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdcsync.devstack import DevStackConfig, down, env_lines, status, up
+from cdcsync.devstack.common import port_open, process_command_line
+
+pytestmark = pytest.mark.integration
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackConfig]:
+    pg, broker, controller = _free_ports(3)
+    config = DevStackConfig(
+        state_dir=tmp_path_factory.mktemp("devstack-state"),
+        postgres_port=pg,
+        kafka_port=broker,
+        kafka_controller_port=controller,
+    )
+    try:
+        yield config
+    finally:
+        down(config)
+
+
+@pytest.fixture(scope="module")
+def first_up(cfg: DevStackConfig) -> dict[str, int]:
+    result = up(cfg)
+    assert all(s.running for s in result.values()), result
+    pids = {name: s.pid for name, s in result.items()}
+    assert all(isinstance(pid, int) for pid in pids.values())
+    return {name: pid for name, pid in pids.items() if pid is not None}
+
+
+def test_postgres_is_logical_and_reachable(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    import psycopg
+
+    dsn = f"postgresql://cdcsync@127.0.0.1:{cfg.postgres_port}/cdcsync"
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW wal_level").fetchone()
+        assert row is not None and row[0] == "logical"
+        slots = conn.execute("SHOW max_replication_slots").fetchone()
+        senders = conn.execute("SHOW max_wal_senders").fetchone()
+        assert slots is not None and int(slots[0]) >= 4
+        assert senders is not None and int(senders[0]) >= 4
+        user = conn.execute("SELECT current_user, current_database()").fetchone()
+        assert user == ("cdcsync", "cdcsync")
+
+
+def test_kafka_round_trip(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    bootstrap = f"127.0.0.1:{cfg.kafka_port}"
+    topic = f"devstack-smoke-{uuid.uuid4().hex[:8]}"
+    payload = uuid.uuid4().hex.encode()
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    delivered: list[object] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        if err is None:
+            delivered.append(msg)
+
+    # The first produce to a new topic may race its auto-creation; retry until one is acknowledged.
+    while not delivered and time.monotonic() < deadline:
+        producer.produce(topic, key=b"k", value=payload, on_delivery=on_delivery)
+        producer.flush(10)
+    assert delivered, "no message was acknowledged by the broker"
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"devstack-test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        received = None
+        while received is None and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                received = msg
+        assert received is not None, "the produced message was not consumed back"
+        assert received.value() == payload
+        assert received.key() == b"k"
+    finally:
+        consumer.close()
+
+
+def test_up_is_idempotent(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    again = up(cfg)
+    assert {name: s.pid for name, s in again.items()} == first_up
+    assert not any(s.started for s in again.values())
+    assert {name: s.state for name, s in status(cfg).items()} == {"postgres": "running", "kafka": "running"}
+
+
+def test_env_lines(cfg: DevStackConfig) -> None:
+    assert env_lines(cfg) == [
+        f"export CDCSYNC__POSTGRES__DSN=postgresql://cdcsync@127.0.0.1:{cfg.postgres_port}/cdcsync",
+        f"export CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:{cfg.kafka_port}",
+    ]
+
+
+def test_down_stops_what_it_started(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    result = down(cfg)
+    assert all(s.state == "stopped" for s in result.values())
+    for name, pid in first_up.items():
+        assert process_command_line(pid) is None, f"{name} (pid {pid}) is still running"
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert not cfg.pid_file(name).exists()
+    assert not port_open(cfg.postgres_port)
+    assert not port_open(cfg.kafka_port)
+    assert {s.state for s in status(cfg).values()} == {"stopped"}
+    # Nothing left to stop: a second down is a no-op, not an error.
+    assert all(s.state == "stopped" for s in down(cfg).values())
+    assert Path(cfg.root / "postgres" / "data" / "PG_VERSION").is_file()

@@ -1,0 +1,117 @@
+-- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
+-- generator: cdcsync VERSION
+-- creates:
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters"
+--   sink 'orders_mirror' (delete_mode hard, primary key "id"):
+--     table "app"."orders": the mirror table
+--     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
+--     table "cdcsync"."shop__orders_mirror__tombstones": its hard-deleted keys
+--   sink 'orders_soft' (delete_mode soft, primary key "id"):
+--     table "app"."orders_soft": the mirror table
+--     unlogged table "cdcsync"."shop__orders_soft__stage": its staging table
+-- apply with: cdcsync migrate PIPELINE.yaml
+--         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
+-- the checksum covers the SQL between this header and the ledger record at the end;
+-- an applied file must not change: write a new migration instead
+-- checksum: sha256:d83d87c194207bd1f254887201b2d2efc1f7613cd355e2f85ea9925733d24e46
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
+
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."schema_migrations" (
+    "pipeline" text,
+    "filename" text,
+    "checksum" text NOT NULL,
+    "applied_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "filename")
+);
+COMMENT ON TABLE "cdcsync"."schema_migrations" IS 'cdcsync: migration files applied to this database, with the checksum of each as applied';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
+    "pipeline" text,
+    "sink" text,
+    "checkpoint_id" text,
+    "batch_id" bigint,
+    "rows_written" bigint NOT NULL,
+    "committed_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
+);
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
+    "id" bigserial PRIMARY KEY,
+    "pipeline" text NOT NULL,
+    "source" text NOT NULL,
+    "topic" text NOT NULL,
+    "partition" int NOT NULL,
+    "offset" bigint NOT NULL,
+    "key" bytea,
+    "value" bytea,
+    "reason" text NOT NULL,
+    "failed_at" timestamptz NOT NULL DEFAULT now(),
+    UNIQUE ("pipeline", "topic", "partition", "offset")
+);
+COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
+
+CREATE SCHEMA IF NOT EXISTS "app";
+
+CREATE TABLE IF NOT EXISTS "app"."orders" (
+    "id" bigint NOT NULL,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "note" text,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "app"."orders" IS 'maintained by cdcsync pipeline ''shop'', sink ''orders_mirror'' (delete_mode hard); do not write to it by hand';
+
+CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
+    "_batch_id" bigint NOT NULL,
+    "id" bigint,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "note" text,
+    "_cdc_op" text NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz
+);
+COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
+    "id" bigint NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';
+
+CREATE SCHEMA IF NOT EXISTS "app";
+
+CREATE TABLE IF NOT EXISTS "app"."orders_soft" (
+    "id" bigint NOT NULL,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "note" text,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz,
+    "_cdc_deleted" boolean NOT NULL DEFAULT false,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "app"."orders_soft" IS 'maintained by cdcsync pipeline ''shop'', sink ''orders_soft'' (delete_mode soft); do not write to it by hand';
+
+CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_soft__stage" (
+    "_batch_id" bigint NOT NULL,
+    "id" bigint,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "note" text,
+    "_cdc_op" text NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz
+);
+COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_soft'': micro-batches are copied here, then merged into "app"."orders_soft"';
+
+-- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
+INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
+VALUES ('shop', '0001_init.sql', 'sha256:d83d87c194207bd1f254887201b2d2efc1f7613cd355e2f85ea9925733d24e46')
+ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -1,0 +1,36 @@
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."schema_migrations" (
+    "pipeline" text,
+    "filename" text,
+    "checksum" text NOT NULL,
+    "applied_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "filename")
+);
+COMMENT ON TABLE "cdcsync"."schema_migrations" IS 'cdcsync: migration files applied to this database, with the checksum of each as applied';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
+    "pipeline" text,
+    "sink" text,
+    "checkpoint_id" text,
+    "batch_id" bigint,
+    "rows_written" bigint NOT NULL,
+    "committed_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
+);
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
+    "id" bigserial PRIMARY KEY,
+    "pipeline" text NOT NULL,
+    "source" text NOT NULL,
+    "topic" text NOT NULL,
+    "partition" int NOT NULL,
+    "offset" bigint NOT NULL,
+    "key" bytea,
+    "value" bytea,
+    "reason" text NOT NULL,
+    "failed_at" timestamptz NOT NULL DEFAULT now(),
+    UNIQUE ("pipeline", "topic", "partition", "offset")
+);
+COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
