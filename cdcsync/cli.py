@@ -29,7 +29,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-dev_app = typer.Typer(help="Local services (Postgres, Kafka) for demos and tests; no Docker needed.", no_args_is_help=True)
+dev_app = typer.Typer(
+    help="Local services (Postgres, Kafka) for demos and tests; no Docker needed.", no_args_is_help=True
+)
 app.add_typer(dev_app, name="dev")
 
 out = Console()

@@ -84,13 +84,13 @@ def postgres_dsn(services: Services) -> Iterator[str]:
     """A fresh, empty database per test, dropped afterwards."""
     import psycopg
     from psycopg import sql
+    from psycopg.conninfo import make_conninfo
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = services.postgres_dsn.rpartition("/")
     try:
-        yield f"{base}/{name}"
+        yield make_conninfo(services.postgres_dsn, dbname=name)
     finally:
         with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 from cdcsync.errors import ConfigError
 
-METADATA_COLUMNS: tuple[str, ...] = ("_cdc_op", "_cdc_version", "_cdc_ts", "_cdc_topic", "_cdc_partition", "_cdc_offset")
+METADATA_COLUMNS: tuple[str, ...] = (
+    "_cdc_op",
+    "_cdc_version",
+    "_cdc_ts",
+    "_cdc_topic",
+    "_cdc_partition",
+    "_cdc_offset",
+)
 """Columns every decoded change row carries beside the business columns (DESIGN.md, "Metadata columns")."""
 
 RESERVED_COLUMNS: tuple[str, ...] = ("_batch_id", "_dlq_reason", "_dlq_key", "_dlq_value")
@@ -196,8 +203,14 @@ def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> N
             problems.append(f"{where}.options.{option}: set by cdcsync itself; use 'topic' instead")
 
 
-def _check_sink(pipeline_name: str, sink_id: str, sink: PostgresSink, sources: dict[str, KafkaSource],
-                declared_sources: set[str], problems: list[str]) -> None:
+def _check_sink(
+    pipeline_name: str,
+    sink_id: str,
+    sink: PostgresSink,
+    sources: dict[str, KafkaSource],
+    declared_sources: set[str],
+    problems: list[str],
+) -> None:
     where = _path("sinks", sink_id)
     _check_identifier(f"{where}.schema", sink.schema_, problems)
     _check_identifier(f"{where}.table", sink.table, problems)
@@ -241,7 +254,9 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
     allowed_top = ["name", "sources", "transforms", "sinks"]
     for key in raw:
         if key not in allowed_top:
-            problems.append(f"{key}: unknown key{_did_you_mean(str(key), allowed_top)}; allowed: {', '.join(allowed_top)}")
+            problems.append(
+                f"{key}: unknown key{_did_you_mean(str(key), allowed_top)}; allowed: {', '.join(allowed_top)}"
+            )
 
     name = raw.get("name")
     if name is None:
@@ -289,9 +304,9 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
         _check_sink(str(name), sink_id, sink, sources, declared_sources, problems)
         target = (sink.schema_, sink.table)
         if target in seen_tables:
-            problems.append(
-                f"sinks.{sink_id}.table: {sink.schema_}.{sink.table} is already the target of sink '{seen_tables[target]}'"
-            )
+            owner = seen_tables[target]
+            table = f"{sink.schema_}.{sink.table}"
+            problems.append(f"sinks.{sink_id}.table: {table} is already the target of sink '{owner}'")
         seen_tables[target] = sink_id
 
     if problems:

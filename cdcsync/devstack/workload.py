@@ -159,8 +159,13 @@ def _column_schema(server: str, table: str) -> list[dict[str, Any]]:
         },
         {"type": "string", "optional": True, "field": "status"},
         {"type": "string", "optional": True, "field": "Note"},
-        {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1,
-         "field": "updated_at"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.time.ZonedTimestamp",
+            "version": 1,
+            "field": "updated_at",
+        },
     ]
 
 
@@ -172,8 +177,15 @@ def _envelope_schema(server: str, table: str) -> dict[str, Any]:
         {"type": "string", "optional": False, "field": "connector"},
         {"type": "string", "optional": False, "field": "name"},
         {"type": "int64", "optional": False, "field": "ts_ms"},
-        {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-         "parameters": {"allowed": "true,last,false,incremental"}, "default": "false", "field": "snapshot"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": "true,last,false,incremental"},
+            "default": "false",
+            "field": "snapshot",
+        },
         {"type": "string", "optional": False, "field": "db"},
         {"type": "string", "optional": True, "field": "sequence"},
         {"type": "string", "optional": False, "field": "schema"},
@@ -187,16 +199,27 @@ def _envelope_schema(server: str, table: str) -> dict[str, Any]:
         "fields": [
             {"type": "struct", "fields": columns, "optional": True, "name": row_name, "field": "before"},
             {"type": "struct", "fields": columns, "optional": True, "name": row_name, "field": "after"},
-            {"type": "struct", "fields": source_fields, "optional": False,
-             "name": "io.debezium.connector.postgresql.Source", "field": "source"},
+            {
+                "type": "struct",
+                "fields": source_fields,
+                "optional": False,
+                "name": "io.debezium.connector.postgresql.Source",
+                "field": "source",
+            },
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
-            {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction",
-             "fields": [
-                 {"type": "string", "optional": False, "field": "id"},
-                 {"type": "int64", "optional": False, "field": "total_order"},
-                 {"type": "int64", "optional": False, "field": "data_collection_order"},
-             ]},
+            {
+                "type": "struct",
+                "optional": True,
+                "name": "event.block",
+                "version": 1,
+                "field": "transaction",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "id"},
+                    {"type": "int64", "optional": False, "field": "total_order"},
+                    {"type": "int64", "optional": False, "field": "data_collection_order"},
+                ],
+            },
         ],
         "optional": False,
         "name": f"{server}.public.{table}.Envelope",
@@ -242,8 +265,18 @@ class _Encoder:
     def value(self, payload: dict[str, Any]) -> bytes:
         return _dumps({"schema": self.value_schema, "payload": payload} if self.wrapped else payload)
 
-    def change(self, op: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, *, lsn: int,
-               prev_lsn: int, tx_id: int, ts_ms: int, emitted_ms: int) -> bytes:
+    def change(
+        self,
+        op: str,
+        before: Mapping[str, Any] | None,
+        after: Mapping[str, Any] | None,
+        *,
+        lsn: int,
+        prev_lsn: int,
+        tx_id: int,
+        ts_ms: int,
+        emitted_ms: int,
+    ) -> bytes:
         payload = {
             "before": self.row(before),
             "after": self.row(after),
@@ -397,16 +430,18 @@ def generate(
             before = old if replica_identity_full else {name: (key_id if name == "id" else None) for name in old}
             after = None
         key = encoder.key(key_id)
-        value = encoder.change(op, before, after, lsn=lsn, prev_lsn=prev_lsn, tx_id=tx_id, ts_ms=ts_ms,
-                               emitted_ms=emitted_ms)
+        value = encoder.change(
+            op, before, after, lsn=lsn, prev_lsn=prev_lsn, tx_id=tx_id, ts_ms=ts_ms, emitted_ms=emitted_ms
+        )
         events.append(ChangeEvent(key=key, value=value, id=key_id, op=op, lsn=lsn))
         counts[op] += 1
         if op == "d" and tombstones:
             events.append(ChangeEvent(key=key, value=None, id=key_id, op=None, lsn=None))
             counts["tombstone"] += 1
     expected = {key_id: dict(row) for key_id, row in live.items()}
-    return Workload(events=events, expected=expected, counts=counts, wrapped=wrapped, keys=keys, seed=seed,
-                    last_lsn=lsn)
+    return Workload(
+        events=events, expected=expected, counts=counts, wrapped=wrapped, keys=keys, seed=seed, last_lsn=lsn
+    )
 
 
 def malformed_events(*, wrapped: bool = False, first_id: int = 1_000_000_000, lsn: int = 1) -> list[ChangeEvent]:
@@ -415,10 +450,20 @@ def malformed_events(*, wrapped: bool = False, first_id: int = 1_000_000_000, ls
     insert whose ``customer_id`` is a string. None of them changes the expected state."""
     encoder = _Encoder(wrapped, "shop", "shop", ORDERS_TABLE)
     when = DEFAULT_START
-    bad_row = {"id": first_id + 4, "customer_id": "not-a-number", "amount": Decimal("1.00"), "status": "new",
-               "Note": None, "updated_at": when}
-    no_op = {"before": None, "after": encoder.row(_random_row(random.Random(0), first_id + 3, when)),
-             "source": {"lsn": lsn, "ts_ms": 0}, "ts_ms": 0}
+    bad_row = {
+        "id": first_id + 4,
+        "customer_id": "not-a-number",
+        "amount": Decimal("1.00"),
+        "status": "new",
+        "Note": None,
+        "updated_at": when,
+    }
+    no_op = {
+        "before": None,
+        "after": encoder.row(_random_row(random.Random(0), first_id + 3, when)),
+        "source": {"lsn": lsn, "ts_ms": 0},
+        "ts_ms": 0,
+    }
     return [
         ChangeEvent(encoder.key(first_id), b"\xff\xfe\x00 not utf-8", first_id, "malformed"),
         ChangeEvent(encoder.key(first_id + 1), b"this is not json {", first_id + 1, "malformed"),
@@ -453,8 +498,9 @@ def stale_replays(workload: Workload, count: int, *, seed: int = 0) -> list[Chan
 # --------------------------------------------------------------------------------------------------------------
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 4, *, replication_factor: int = 1,
-                 timeout: float = 30.0) -> bool:
+def ensure_topic(
+    bootstrap_servers: str, topic: str, partitions: int = 4, *, replication_factor: int = 1, timeout: float = 30.0
+) -> bool:
     """Create ``topic`` with ``partitions`` partitions unless it exists; True when it was created."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -463,8 +509,11 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 4, *, rep
     try:
         metadata = admin.list_topics(timeout=timeout)  # no topic argument: must not trigger auto-creation
     except KafkaException as error:
-        raise ServiceError(f"cannot reach Kafka at {bootstrap_servers}: {error.args[0]}", retriable=True,
-                           hint="start the dev stack with `cdcsync dev up`") from None
+        raise ServiceError(
+            f"cannot reach Kafka at {bootstrap_servers}: {error.args[0]}",
+            retriable=True,
+            hint="start the dev stack with `cdcsync dev up`",
+        ) from None
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
         return False
@@ -478,8 +527,9 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 4, *, rep
         kafka_error = error.args[0]
         if kafka_error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
-        raise ServiceError(f"creating topic '{topic}' on {bootstrap_servers}: {kafka_error.str()}",
-                           retriable=kafka_error.retriable()) from None
+        raise ServiceError(
+            f"creating topic '{topic}' on {bootstrap_servers}: {kafka_error.str()}", retriable=kafka_error.retriable()
+        ) from None
     return True
 
 
@@ -533,8 +583,9 @@ def produce(
                 producer.poll(0)
         pending = producer.flush(timeout)
     except KafkaException as error:
-        raise ServiceError(f"producing to topic '{topic}' on {bootstrap_servers}: {error.args[0]}",
-                           retriable=True) from None
+        raise ServiceError(
+            f"producing to topic '{topic}' on {bootstrap_servers}: {error.args[0]}", retriable=True
+        ) from None
     if failures:
         raise ServiceError(
             f"producing to topic '{topic}' on {bootstrap_servers}: {len(failures)} of {sent} messages failed; "
@@ -556,7 +607,10 @@ def produce(
 
 
 def to_kafka_batch(
-    events: Sequence[ChangeEvent], *, topic: str = "shop.public.orders", partitions: int = 4,
+    events: Sequence[ChangeEvent],
+    *,
+    topic: str = "shop.public.orders",
+    partitions: int = 4,
     start: datetime = DEFAULT_START,
 ) -> pa.RecordBatch:
     """An Arrow batch shaped like Spark's Kafka source rows (``key``, ``value``, ``topic``, ``partition``,
@@ -597,8 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m cdcsync.devstack.workload",
         description="Produce a synthetic Debezium changelog of an orders table to Kafka.",
     )
-    parser.add_argument("--bootstrap", default=os.environ.get("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP),
-                        help="Kafka bootstrap servers (default: $CDCSYNC__KAFKA__BOOTSTRAP_SERVERS or %(default)s)")
+    parser.add_argument(
+        "--bootstrap",
+        default=os.environ.get("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP),
+        help="Kafka bootstrap servers (default: $CDCSYNC__KAFKA__BOOTSTRAP_SERVERS or %(default)s)",
+    )
     parser.add_argument("--topic", required=True)
     parser.add_argument("--changes", type=int, default=10_000, help="change events to produce")
     parser.add_argument("--keys", type=int, default=1_000, help="distinct primary keys")
@@ -610,8 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=0, help="re-send N stale changes after the stream")
     args = parser.parse_args(argv)
 
-    workload = generate(args.changes, args.keys, seed=args.seed, wrapped=args.wrapped,
-                        tombstones=not args.no_tombstones)
+    workload = generate(
+        args.changes, args.keys, seed=args.seed, wrapped=args.wrapped, tombstones=not args.no_tombstones
+    )
     events = list(workload.events)
     malformed = malformed_events(wrapped=args.wrapped) if args.malformed else []
     replays = stale_replays(workload, args.replays, seed=args.seed) if args.replays else []

@@ -50,7 +50,9 @@ def with_retries(
         except CdcsyncError as error:
             if not error.retriable or attempt == attempts:
                 raise
-            log.warning("%s failed (attempt %d of %d), retrying in %.1fs: %s", describe, attempt, attempts, delay, error)
+            log.warning(
+                "%s failed (attempt %d of %d), retrying in %.1fs: %s", describe, attempt, attempts, delay, error
+            )
             sleep(delay)
             delay = min(delay * 2, max_delay)
     raise AssertionError("unreachable")

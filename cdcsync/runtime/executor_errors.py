@@ -1,14 +1,18 @@
 """Errors raised on executors reach the driver wrapped in Spark's exception text; recover what matters from it.
 
-Executor-side writers raise ``RuntimeError("<what failed> [cdcsync:retriable]")``; Spark wraps it (with a Python
-traceback and JVM frames) into the exception the driver sees. The classification marker survives the wrapping.
+Executor-side code raises ``RuntimeError("<what failed> <marker>")``; Spark wraps it (with a Python traceback
+and JVM frames) into the exception the driver sees. The markers survive the wrapping and carry the
+classification: transient (retry), or an undecodable message under ``on_decode_error: fail`` (the user's input).
 """
 
 from __future__ import annotations
 
 import re
 
+from cdcsync.errors import CdcsyncError, DecodeError, SinkError
+
 RETRIABLE_MARKER = "[cdcsync:retriable]"
+DECODE_FAILURE_MARKER = "[cdcsync:decode-failure]"
 
 _PYTHON_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception): (?P<message>.+)$", re.MULTILINE)
 
@@ -18,5 +22,17 @@ def executor_failure(error: BaseException) -> tuple[str, bool]:
     text = str(error)
     messages = [m.group("message").strip() for m in _PYTHON_ERROR_LINE.finditer(text)]
     detail = messages[-1] if messages else (text.strip().splitlines() or [type(error).__name__])[0]
-    retriable = RETRIABLE_MARKER in text
-    return detail.replace(RETRIABLE_MARKER, "").strip()[:1000], retriable
+    for marker in (RETRIABLE_MARKER, DECODE_FAILURE_MARKER):
+        detail = detail.replace(marker, "")
+    return detail.strip()[:1000], RETRIABLE_MARKER in text
+
+
+def executor_error(error: BaseException, doing: str) -> CdcsyncError:
+    """The CdcsyncError a failed Spark job stands for: a decode failure, or a (maybe transient) sink failure."""
+    detail, retriable = executor_failure(error)
+    if DECODE_FAILURE_MARKER in str(error):
+        return DecodeError(
+            detail,
+            hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
+        )
+    return SinkError(f"{doing}: {detail}", retriable=retriable)

@@ -31,14 +31,14 @@ def render_snapshot(snapshot: RunSnapshot) -> Group:
     sinks = Table()
     for column in ("sink", "target", "batches", "skipped (replayed)", "rows in", "rows out"):
         sinks.add_column(column, justify="right" if column not in ("sink", "target") else "left")
-    for sink_id, stats in snapshot.sinks.items():
+    for sink_id, sink_stats in snapshot.sinks.items():
         sinks.add_row(
             sink_id,
             snapshot.sink_targets.get(sink_id, ""),
-            str(stats.batches),
-            str(stats.skipped_batches),
-            f"{stats.rows_in:,}",
-            f"{stats.rows_out:,}",
+            str(sink_stats.batches),
+            str(sink_stats.skipped_batches),
+            f"{sink_stats.rows_in:,}",
+            f"{sink_stats.rows_out:,}",
         )
     return Group(sources, sinks)
 
@@ -51,8 +51,10 @@ def snapshot_line(snapshot: RunSnapshot) -> str:
             f"source {source_id}: batch {stats.last_batch_id} rows_in={stats.rows_in} "
             f"rows_per_s={stats.rows_per_second:.0f} dead_letters={stats.dead_letters} lag={lag}"
         )
-    for sink_id, stats in snapshot.sinks.items():
-        parts.append(f"sink {sink_id}: batches={stats.batches} rows_in={stats.rows_in} rows_out={stats.rows_out}")
+    for sink_id, sink_stats in snapshot.sinks.items():
+        parts.append(
+            f"sink {sink_id}: batches={sink_stats.batches} rows_in={sink_stats.rows_in} rows_out={sink_stats.rows_out}"
+        )
     return "; ".join(parts)
 
 

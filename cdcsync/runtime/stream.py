@@ -3,9 +3,9 @@ clean stops on SIGINT/SIGTERM, and the numbers the live view shows.
 
 Each micro-batch (``BatchHandler``):
 
-1. decodes the Kafka rows on the executors (``mapInArrow`` over :func:`cdcsync.sources.debezium.decode_batches`);
-2. sends undecodable messages to ``cdcsync.dead_letters`` (or stops, under ``on_decode_error: fail``);
-3. lands the decoded changes in every sink fed by the source, each exactly once through its ledger.
+1. decodes the Kafka rows on the executors (:class:`cdcsync.sources.kafka.DecodeTask`), whose tasks also send
+   undecodable messages to ``cdcsync.dead_letters`` (or fail, under ``on_decode_error: fail``);
+2. lands the decoded changes in every sink fed by the source, each exactly once through its ledger.
 
 Transient failures (see :mod:`cdcsync.runtime.dbretry`) are retried with backoff inside the batch; anything else
 fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
@@ -30,19 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import KafkaSource, Pipeline
 from cdcsync.config.settings import Settings
-from cdcsync.errors import CdcsyncError, DecodeError, ServiceError
+from cdcsync.errors import CdcsyncError, ServiceError
 from cdcsync.runtime.dbretry import with_retries
-from cdcsync.sinks.dead_letters import record_dead_letters
+from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import BatchResult, PostgresUpsertSink
-from cdcsync.sources.debezium import DecodeSpec, decode_batches, output_spark_schema
+from cdcsync.sources.debezium import DecodeSpec
+from cdcsync.sources.kafka import DecodeTask, decoded_changes, spark_kafka_options
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
 _POLL_SECONDS = 0.5
 
 
@@ -94,6 +95,7 @@ class BatchHandler:
         sinks: dict[str, PostgresUpsertSink],
         dsn: str,
         checkpoint_dir: Path,
+        spark_context: SparkContext,
     ) -> None:
         self.pipeline = pipeline
         self.source_id = source_id
@@ -102,7 +104,8 @@ class BatchHandler:
         self.dsn = dsn
         self.checkpoint_dir = checkpoint_dir
         self.spec = DecodeSpec.from_source(source_id, source)
-        self.schema = output_spark_schema(self.spec)
+        self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
+        self.spark_context = spark_context
         self.stats = SourceStats()
         self.sink_stats = {sink_id: SinkStats() for sink_id in sinks}
         self.failure: CdcsyncError | None = None
@@ -147,21 +150,24 @@ class BatchHandler:
             self._checkpoint_id = str(metadata["id"])
         return self._checkpoint_id
 
-    def _process(self, changes: DataFrame, batch_id: int) -> None:
+    def _process(self, raw: DataFrame, batch_id: int) -> None:
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
-        decoded = changes.mapInArrow(functools.partial(decode_batches, spec=self.spec), self.schema)
-        decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        dead_letters = self.spark_context.accumulator(0)
+        task = DecodeTask(
+            spec=self.spec,
+            dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
+            dead_letter_count=dead_letters,
+        )
+        changes = decoded_changes(raw, task)
+        if len(self.sinks) > 1:  # decode once, not once per sink
+            changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            bad = decoded.filter(F.col("_dlq_reason").isNotNull())
-            dead = self._handle_dead_letters(bad)
-            good = decoded.filter(F.col("_dlq_reason").isNull()).drop("_dlq_reason", "_dlq_key", "_dlq_value")
             for sink_id, sink in self.sinks.items():
                 result: BatchResult = with_retries(
-                    functools.partial(sink.write_batch, good, batch_id, self.checkpoint_id),
+                    functools.partial(sink.write_batch, changes, batch_id, self.checkpoint_id),
                     describe=f"sink '{sink_id}' batch {batch_id}",
                 )
                 stats = self.sink_stats[sink_id]
@@ -170,27 +176,11 @@ class BatchHandler:
                 stats.rows_in += result.rows_staged
                 stats.rows_out += result.rows_merged
         finally:
-            decoded.unpersist()
+            changes.unpersist()
         self.stats.batches += 1
         self.stats.last_batch_id = batch_id
-        self.stats.dead_letters += dead
+        self.stats.dead_letters += int(dead_letters.value)
         self.stats.last_batch_done_at = time.monotonic()
-
-    def _handle_dead_letters(self, bad: DataFrame) -> int:
-        if self.source.on_decode_error == "fail":
-            first = bad.select("_cdc_topic", "_cdc_partition", "_cdc_offset", "_dlq_reason").limit(1).collect()
-            if first:
-                row = first[0]
-                raise DecodeError(
-                    f"message at {row['_cdc_topic']}/{row['_cdc_partition']}@{row['_cdc_offset']} "
-                    f"could not be decoded: {row['_dlq_reason']}",
-                    hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
-                )
-            return 0
-        return with_retries(
-            lambda: record_dead_letters(bad, self.dsn, self.pipeline.name, self.source_id),
-            describe=f"dead letters of source '{self.source_id}'",
-        )
 
 
 class PipelineRunner:
@@ -247,11 +237,13 @@ class PipelineRunner:
             sink_id: PostgresUpsertSink(self.pipeline, sink_id, sink, self.settings.postgres_dsn)
             for sink_id, sink in self.pipeline.sinks_of(source_id).items()
         }
-        handler = BatchHandler(self.pipeline, source_id, source, sinks, self.settings.postgres_dsn, checkpoint_dir)
+        handler = BatchHandler(
+            self.pipeline, source_id, source, sinks, self.settings.postgres_dsn, checkpoint_dir, spark.sparkContext
+        )
         self.handlers[source_id] = handler
 
         reader = spark.readStream.format("kafka")
-        for key, value in self._kafka_options(source).items():
+        for key, value in spark_kafka_options(self.pipeline.name, source, self.settings).items():
             reader = reader.option(key, value)
         writer = (
             reader.load()
@@ -268,21 +260,6 @@ class PipelineRunner:
                 f"{str(error).splitlines()[0][:300]}",
                 retriable=True,
             ) from None
-
-    def _kafka_options(self, source: KafkaSource) -> dict[str, str]:
-        options = {f"kafka.{k}": v for k, v in self.settings.kafka.options.items()}
-        options.update(
-            {
-                "kafka.bootstrap.servers": self.settings.bootstrap_servers,
-                "subscribe": source.topic,
-                "startingOffsets": source.starting_offsets,
-                "includeHeaders": "true",
-                "groupIdPrefix": f"cdcsync-{self.pipeline.name}",
-                "maxOffsetsPerTrigger": str(source.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS_PER_TRIGGER),
-            }
-        )
-        options.update(source.options)
-        return options
 
     def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
         stopping = False
@@ -330,6 +307,7 @@ class PipelineRunner:
 
 def _lag(source_progress: dict[str, Any]) -> dict[str, int]:
     """``topic/partition -> latest - end`` from a Kafka source's progress entry."""
+
     def offsets(name: str) -> dict[str, dict[str, int]]:
         value = source_progress.get(name)
         if isinstance(value, str):

@@ -18,6 +18,7 @@ away, so retries are harmless.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.pipeline import Pipeline, PostgresSink
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
-from cdcsync.runtime.executor_errors import RETRIABLE_MARKER, executor_failure
+from cdcsync.runtime.executor_errors import RETRIABLE_MARKER, executor_error
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sql import names
 from cdcsync.sql.render import render
@@ -137,7 +138,9 @@ class PostgresUpsertSink:
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
-        self._merge_statements = _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
+        self._merge_statements = _split_statements(
+            render(f"postgres/runtime/{merge_template}.sql.j2", **template_values)
+        )
         self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
         self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
         self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
@@ -178,12 +181,14 @@ class PostgresUpsertSink:
         )
         staged_frame = changes.select(*[f"`{c}`" for c in (*self.columns, *_METADATA_TO_STAGE)])
         try:
+            started = time.monotonic()
             counts = staged_frame.mapInArrow(writer, "rows bigint").collect()
-        except Exception as error:  # Spark wraps executor failures; see executor_failure
-            detail, retriable = executor_failure(error)
-            raise SinkError(
-                f"staging batch {batch_id} for {self.target_name}: {detail}", retriable=retriable
-            ).add_context(self.label) from None
+            staged_at = time.monotonic()
+        except Exception as error:  # Spark wraps executor failures; see executor_error
+            failure = executor_error(error, f"staging batch {batch_id} for {self.target_name}")
+            if isinstance(failure, SinkError):
+                failure.add_context(self.label)
+            raise failure from None
         staged = sum(row["rows"] for row in counts)
 
         try:
@@ -203,6 +208,10 @@ class PostgresUpsertSink:
             return BatchResult(self.sink_id, batch_id, skipped=True, rows_staged=staged)
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
+        log.info(
+            "%s batch %d: staged %d rows in %.2fs, merged %d in %.2fs",
+            self.label, batch_id, staged, staged_at - started, merged, time.monotonic() - staged_at,
+        )
         return BatchResult(self.sink_id, batch_id, skipped=False, rows_staged=staged, rows_merged=merged)
 
     def _error(self, doing: str, error: Exception) -> SinkError:

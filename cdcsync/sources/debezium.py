@@ -84,11 +84,9 @@ DLQ_COLUMNS: tuple[tuple[str, str], ...] = (
     ("_dlq_value", "binary"),
 )
 
-_ROW_OPS = frozenset(("c", "u", "r"))
 _MAX_SHOWN = 60
 
 _DEBEZIUM_DECIMAL = "org.apache.kafka.connect.data.Decimal"
-_VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 
 # Microseconds per unit of the integer temporal encodings, by Connect / Debezium logical type name.
 # A multiplier below 1 means "divide": nanoseconds -> microseconds is floor division by 1000.
@@ -114,7 +112,6 @@ _MIN_TS_MS = _MIN_US // 1000
 _MAX_TS_MS = _MAX_US // 1000
 _MAX_BIGINT = 2**63 - 1
 _EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_EPOCH_NAIVE = datetime(1970, 1, 1)
 _ONE_US = timedelta(microseconds=1)
 _FLOAT32_MAX = 3.4028234663852886e38
 
@@ -219,8 +216,8 @@ class _Reject(Exception):
 
 
 class _Reparse(Exception):
-    """A numeric column received a JSON number that the fast parser turned into a double, and its exact digits
-    could not be recovered from the raw bytes: parse the message again with exact decimals."""
+    """A value needs the exact text of a JSON number that the fast parser turned into a double (and the digits
+    could not be recovered from the raw bytes): parse the message again with exact decimals."""
 
 
 def _show(value: Any) -> str:
@@ -256,9 +253,7 @@ def _column_schema(ctx: _Ctx, name: str) -> dict[str, Any] | None:
         by_name = {}
         fields: Any = schema.get("fields")
         if struct and type(fields) is list:
-            fields = next(
-                (f.get("fields") for f in fields if type(f) is dict and f.get("field") == struct), None
-            )
+            fields = next((f.get("fields") for f in fields if type(f) is dict and f.get("field") == struct), None)
         if type(fields) is list:
             for f in fields:
                 if type(f) is dict and type(f.get("field")) is str:
@@ -287,6 +282,23 @@ _Ctx = tuple["dict[str, Any] | None", str, bytes]
 Converter = Callable[[Any, _Ctx], Any]
 
 
+def _reparse_huge_integer(value: Any) -> None:
+    """The fast parser reads integers beyond 64 bits as doubles: have the message parsed again so that the
+    value is reported (out of range) with its real digits."""
+    if type(value) is float and value.is_integer() and abs(value) >= 2**63:
+        raise _Reparse()
+
+
+def _has_double(value: Any) -> bool:
+    if type(value) is float:
+        return True
+    if type(value) is dict:
+        return any(_has_double(v) for v in value.values())
+    if type(value) is list:
+        return any(_has_double(v) for v in value)
+    return False
+
+
 def _int_converter(pg: PgType) -> Converter:
     bound = _INT_RANGES[pg.name]
     low, high = -bound, bound - 1
@@ -299,6 +311,7 @@ def _int_converter(pg: PgType) -> Converter:
             raise _Reject(f"{_show(value)} is out of range for {expected}")
         if value is None:
             return None
+        _reparse_huge_integer(value)
         raise _bad(value, expected, "not an integer")
 
     return convert
@@ -351,14 +364,14 @@ def _text_parts(text: str) -> tuple[int, int]:
 
 
 def _decimal_parts(
-    value: Any, ctx: _Ctx, name: str, number_pattern: re.Pattern[bytes], expected: str
+    value: Any, ctx: _Ctx, name: str, json_name: bytes, number_pattern: re.Pattern[bytes], expected: str
 ) -> tuple[int, int] | str:
     """A Debezium numeric value as (coefficient, exponent), or 'NaN' / 'Infinity' / '-Infinity'."""
     kind = type(value)
     if kind is int:
         return value, 0
     if kind is float:  # a JSON number, which the fast parser read as a double: take its digits from the bytes
-        parts = _exact_number(ctx[2], number_pattern, value)
+        parts = _exact_number(ctx[2], json_name, number_pattern, value)
         if parts is None:
             raise _Reparse()
         return parts
@@ -401,14 +414,15 @@ def _numeric_converter(name: str, pg: PgType) -> Converter:
     numeric columns without a Spark decimal counterpart yield the exact decimal text."""
     expected = pg.sql
     spark_decimal = pg.spark_type.startswith("decimal")
-    number_pattern = _number_pattern(name)
+    json_name = _dumps_compact(name).encode() + b":"
+    number_pattern = _number_pattern(json_name)
 
     if not pg.args:  # unconstrained numeric
 
         def convert_free(value: Any, ctx: _Ctx) -> Any:
             if value is None:
                 return None
-            parts = _decimal_parts(value, ctx, name, number_pattern, expected)
+            parts = _decimal_parts(value, ctx, name, json_name, number_pattern, expected)
             if isinstance(parts, str):
                 return parts
             coefficient, exponent = parts
@@ -429,7 +443,7 @@ def _numeric_converter(name: str, pg: PgType) -> Converter:
     def convert(value: Any, ctx: _Ctx) -> Any:
         if value is None:
             return None
-        parts = _decimal_parts(value, ctx, name, number_pattern, expected)
+        parts = _decimal_parts(value, ctx, name, json_name, number_pattern, expected)
         if isinstance(parts, str):
             if parts == "NaN" and not spark_decimal:
                 return "NaN"
@@ -489,6 +503,8 @@ def _text_converter(pg: PgType) -> Converter:
     expected = pg.sql
     is_json = pg.name in ("json", "jsonb")
     max_length = pg.args[0] if pg.args and pg.name in ("character varying", "character") else None
+    if pg.name == "character" and not pg.args:
+        max_length = 1  # Postgres: character without a length is character(1)
 
     def convert(value: Any, ctx: _Ctx) -> Any:
         kind = type(value)
@@ -497,6 +513,8 @@ def _text_converter(pg: PgType) -> Converter:
         elif value is None:
             return None
         elif kind is dict or kind is list:
+            if _has_double(value):  # keep the numbers' exact text (12.50 stays 12.50): parse exactly
+                raise _Reparse()
             try:
                 text = _json_text(value)
             except ValueError:
@@ -566,6 +584,7 @@ def _date_converter(pg: PgType) -> Converter:
         elif value is None:
             return None
         else:
+            _reparse_huge_integer(value)
             raise _bad(value, "date", "expected days since 1970-01-01 or an ISO date")
         if not _MIN_DAYS <= days <= _MAX_DAYS:
             raise _Reject(f"{_show(value)} is out of range for date (years 1-9999)")
@@ -578,17 +597,27 @@ def _scale_int(value: int, unit: int) -> int:
     return value * unit if unit > 0 else value // -unit
 
 
-def _parse_iso_timestamp(text: str, *, keep_wall_clock: bool) -> int:
-    """Microseconds since the epoch for an ISO-8601 timestamp string; raises ValueError."""
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        parsed = _parse_iso_timestamp_slow(text)
-    if parsed.tzinfo is None:
-        return (parsed - _EPOCH_NAIVE) // _ONE_US
-    if keep_wall_clock:
-        return (parsed.replace(tzinfo=None) - _EPOCH_NAIVE) // _ONE_US
-    return (parsed - _EPOCH_UTC) // _ONE_US
+def _parse_iso_timestamp(text: str, *, keep_wall_clock: bool) -> datetime:
+    """An ISO-8601 timestamp string as a datetime that pyarrow stores correctly: aware ones are converted to
+    UTC by pyarrow for ``timestamptz``; naive ones are taken as UTC. Raises ValueError."""
+    if text[-1:] == "Z":  # UTC, as Debezium writes ZonedTimestamp: a naive datetime is UTC to pyarrow, and cheaper
+        try:
+            parsed = datetime.fromisoformat(text[:-1])
+        except ValueError:
+            parsed = _parse_iso_timestamp_slow(text)
+    else:
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            parsed = _parse_iso_timestamp_slow(text)
+    if parsed.tzinfo is not None:
+        if keep_wall_clock:
+            return parsed.replace(tzinfo=None)
+        if parsed.year == 1 or parsed.year == 9999:  # the offset may take it out of years 1-9999 in UTC
+            micros = (parsed - _EPOCH_UTC) // _ONE_US
+            if not _MIN_US <= micros <= _MAX_US:
+                raise ValueError(text)
+    return parsed
 
 
 def _parse_iso_timestamp_slow(text: str) -> datetime:
@@ -626,16 +655,17 @@ def _timestamp_column(name: str, pg: PgType) -> Converter:
     def convert(value: Any, ctx: _Ctx) -> Any:
         kind = type(value)
         if kind is str:
-            try:
-                micros = _parse_iso_timestamp(value, keep_wall_clock=not with_tz)
+            try:  # years 1-9999 by construction
+                return _parse_iso_timestamp(value, keep_wall_clock=not with_tz)
             except (ValueError, OverflowError):
                 raise _bad(value, expected, "not an ISO-8601 timestamp") from None
-        elif kind is int:
+        if kind is int:
             logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else None
             micros = _scale_int(value, _TIMESTAMP_UNITS.get(logical or "", 1))
         elif value is None:
             return None
         else:
+            _reparse_huge_integer(value)
             raise _bad(value, expected, "expected an epoch integer or an ISO-8601 string")
         if not _MIN_US <= micros <= _MAX_US:
             raise _Reject(f"{_show(value)} is out of range for {expected} (years 1-9999)")
@@ -666,6 +696,7 @@ def _time_column(name: str, pg: PgType) -> Converter:
             raise _bad(value, expected, "expected HH:MM[:SS[.ffffff]] or microseconds since midnight")
         if value is None:
             return None
+        _reparse_huge_integer(value)
         raise _bad(value, expected, "expected microseconds since midnight or HH:MM:SS")
 
     return convert
@@ -717,12 +748,13 @@ def _converter_for(name: str, pg: PgType, source_id: str) -> Converter:
 # Messages
 # --------------------------------------------------------------------------------------------------------------
 
-_ROW_STRUCT = {"c": "after", "u": "after", "r": "after", "d": "before"}
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 _WRAPPED_PREFIX = b'{"schema":'
 _PAYLOAD_MARK = b',"payload":'
 _SCHEMA_CACHE: dict[bytes, dict[str, Any]] = {}
 _SCHEMA_CACHE_SIZE = 256
+_RECENT_SCHEMAS: list[tuple[bytes, dict[str, Any]]] = []  # (b'{"schema":' + schema bytes, parsed), newest first
+_RECENT_SCHEMAS_SIZE = 8
 
 
 def _loads_exact(raw: bytes, what: str) -> tuple[Any, str | None]:
@@ -750,28 +782,39 @@ def _loads(raw: bytes, what: str) -> tuple[Any, str | None]:
 
 
 def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
-    """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message, parsing each distinct schema once.
+    """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message (``raw`` starts with
+    ``_WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path.
 
-    JsonConverter writes the schema first and identically for every message of a table, so the bytes before
-    ``,"payload":`` are a cache key. The first ``,"payload":`` is at or before the real boundary; a false one
-    inside the schema leaves an unbalanced prefix that does not parse. None means: take the general path."""
-    if not raw.startswith(_WRAPPED_PREFIX) or not raw.endswith(b"}"):
+    JsonConverter writes the schema first, byte-identical for every message of a table. A message that starts
+    with the exact bytes of a schema seen before, followed by ``,"payload":``, has that schema (it is a complete
+    JSON value, so it fixes the structure); that check is a memcmp. Otherwise the schema ends at the first
+    ``,"payload":``: a false one inside the schema leaves an unbalanced prefix that does not parse."""
+    if not raw.endswith(b"}"):
         return None
-    split = raw.find(_PAYLOAD_MARK, 10)
-    if split < 0:
-        return None
-    schema_bytes = raw[10:split]
-    schema = _SCHEMA_CACHE.get(schema_bytes)
+    schema: dict[str, Any] | None = None
+    for prefix, known in _RECENT_SCHEMAS:
+        if raw.startswith(prefix) and raw.startswith(_PAYLOAD_MARK, len(prefix)):
+            schema, split = known, len(prefix)
+            break
     if schema is None:
-        try:
-            schema = _fast_loads(schema_bytes)
-        except Exception:
+        split = raw.find(_PAYLOAD_MARK, 10)
+        if split < 0:
             return None
-        if type(schema) is not dict:
-            return None
-        if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
-            _SCHEMA_CACHE.clear()
-        _SCHEMA_CACHE[schema_bytes] = schema
+        schema_bytes = raw[10:split]
+        cached = _SCHEMA_CACHE.get(schema_bytes)
+        if cached is None:
+            try:
+                cached = _fast_loads(schema_bytes)
+            except Exception:
+                return None
+            if type(cached) is not dict:
+                return None
+            if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
+                _SCHEMA_CACHE.clear()
+            _SCHEMA_CACHE[schema_bytes] = cached
+        schema = cached
+        _RECENT_SCHEMAS.insert(0, (raw[:split], schema))
+        del _RECENT_SCHEMAS[_RECENT_SCHEMAS_SIZE:]
     try:
         payload = _fast_loads(raw[split + 11 : -1])
     except Exception:
@@ -800,19 +843,32 @@ def _describe_json(value: Any) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def _number_pattern(name: str) -> re.Pattern[bytes]:
+def _number_pattern(json_name: bytes) -> re.Pattern[bytes]:
     """Finds the number tokens of every ``"name":<number>`` in a raw JSON message."""
-    json_name = _dumps_compact(name).encode() + b":"
     return re.compile(re.escape(json_name) + rb"[ \t\n\r]*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)")
 
 
-def _exact_number(raw: bytes, pattern: re.Pattern[bytes], parsed: float) -> tuple[int, int] | None:
+def _exact_number(raw: bytes, json_name: bytes, pattern: re.Pattern[bytes], parsed: float) -> tuple[int, int] | None:
     """(coefficient, exponent) of the JSON number that the fast parser read as the double ``parsed``, from its
     text in ``raw``; None when that is not certain.
 
     Every ``"name":<number>`` in the message is considered (``before`` and ``after`` both hold the field, and a
     ``"name"`` key cannot occur inside a JSON string); the tokens that round to ``parsed`` must all be the same
     text. A key of that name nested in another column's JSON is harmless for the same reason."""
+    shortest = repr(parsed).encode()
+    if b"e" not in shortest and raw.count(json_name) == 1:
+        # Fast path: the only occurrence is the shortest repr, possibly with trailing zeros (JSON from Java
+        # keeps a decimal's scale: 12.50), and then a delimiter. A longer, different token that rounds to the
+        # same double would continue with other digits.
+        at = raw.find(json_name + shortest)
+        if at >= 0:
+            start = at + len(json_name)
+            end = start + len(shortest)
+            while raw[end : end + 1] == b"0":
+                end += 1
+            if raw[end : end + 1] in b",}] \t\r\n":
+                whole, _, fraction = raw[start:end].partition(b".")
+                return int(whole + fraction), -len(fraction)
     found: bytes | None = None
     for token in pattern.findall(raw):
         if token == found:
@@ -836,6 +892,121 @@ def _exact_number(raw: bytes, pattern: re.Pattern[bytes], parsed: float) -> tupl
         return int(whole + fraction), int(exponent) - len(fraction)
     except ValueError:  # more digits than Python converts
         return None
+
+
+def _bad_op(op: Any) -> str:
+    if op is None:
+        return "no 'op' field: not a Debezium change event"
+    if op == "t":
+        return "truncate events (op 't') are not supported yet"
+    return f"unsupported op {_show(op)}; expected one of c, u, d, r"
+
+
+def _bad_row(op: str, struct: str, row: Any) -> str:
+    if row is None:
+        return f"op '{op}' has no 'after' row"
+    return f"'{struct}' is {_describe_json(row)}, not an object"
+
+
+# Inline tests for values that are already what the output column holds, so that the common case costs no
+# function call; everything else goes through the column's converter.
+_INLINE_CHECKS: dict[str, str] = {
+    "double precision": "type({v}) is float",
+    "boolean": "{v} is True or {v} is False",
+    "text": 'type({v}) is str and "\\x00" not in {v}',
+}
+
+_PAYLOAD_DECODER_TAIL = """
+    version = ts = None
+    source = payload.get("source")
+    if type(source) is dict:
+        lsn = source.get("lsn")
+        if type(lsn) is int and 0 <= lsn <= MAX_BIGINT:
+            version = lsn
+        ts_ms = source.get("ts_ms")
+        if type(ts_ms) is int and MIN_TS_MS <= ts_ms <= MAX_TS_MS:
+            ts = ts_ms * 1000
+    if ts is None:
+        ts_ms = payload.get("ts_ms")
+        if type(ts_ms) is int and MIN_TS_MS <= ts_ms <= MAX_TS_MS:
+            ts = ts_ms * 1000
+    values.append(op)
+    values.append(version)
+    values.append(ts)
+    return values
+"""
+
+
+def _compile_payload_decoder(plan: _Plan) -> Callable[[dict[str, Any], Any, bytes, Any], list[Any] | str]:
+    """Generate ``decode_payload(payload, schema, raw, key_raw) -> row list | reason`` for one spec.
+
+    The per-column loop is unrolled and the common already-right values (an in-range int for an integer
+    column, a str for text, ...) are accepted inline, which saves a loop step and a function call per column
+    and message. Column names only ever appear as ``repr`` literals, so any name is safe."""
+    namespace: dict[str, Any] = {
+        "Reject": _Reject,
+        "EMPTY": {},
+        "bad_op": _bad_op,
+        "bad_row": _bad_row,
+        "key_from_message": plan._key_from_message,
+        "key_fallback": plan._key_fallback,
+        "MAX_BIGINT": _MAX_BIGINT,
+        "MIN_TS_MS": _MIN_TS_MS,
+        "MAX_TS_MS": _MAX_TS_MS,
+    }
+    lines = [
+        "def decode_payload(payload, schema, raw, key_raw):",
+        "    op = payload.get('op')",
+        "    if op == 'c' or op == 'u' or op == 'r':",
+        "        struct = 'after'",
+        "    elif op == 'd':",
+        "        struct = 'before'",
+        "    else:",
+        "        return bad_op(op)",
+        "    row = payload.get(struct)",
+        "    if type(row) is not dict:",
+        "        if row is not None or struct == 'after':",
+        "            return bad_row(op, struct, row)",
+        "        row = EMPTY",
+        "    ctx = (schema, struct, raw)",
+    ]
+    for i, ((name, pg), convert) in enumerate(zip(plan.spec.columns, plan.converters, strict=True)):
+        v = f"v{i}"
+        namespace[f"c{i}"] = convert
+        namespace[f"m{i}"] = f"column '{name}': "
+        if pg.name in _INT_RANGES:
+            bound = _INT_RANGES[pg.name]
+            check: str | None = f"type({v}) is int and {-bound} <= {v} <= {bound - 1}"
+        elif pg.name == "character varying" and not pg.args:
+            check = _INLINE_CHECKS["text"].format(v=v)
+        else:
+            template = _INLINE_CHECKS.get(pg.name)
+            check = template.format(v=v) if template else None
+        lines.append(f"    {v} = row.get({name!r})")
+        lines.append(f"    if {v} is not None" + (f" and not ({check}):" if check else ":"))
+        lines += [
+            "        try:",
+            f"            {v} = c{i}({v}, ctx)",
+            "        except Reject as error:",
+            f"            return m{i} + str(error)",
+        ]
+    lines.append("    values = [" + ", ".join(f"v{i}" for i in range(len(plan.names))) + "]")
+    if plan.pk_index is None:
+        lines += [
+            "    reason = key_from_message(values, key_raw)",
+            "    if reason is not None:",
+            "        return reason",
+        ]
+    else:
+        lines += [
+            "    if " + " or ".join(f"v{i} is None" for i in plan.pk_index) + ":",
+            "        reason = key_fallback(values, key_raw)",
+            "        if reason is not None:",
+            "            return reason",
+        ]
+    source = "\n".join(lines) + "\n" + _PAYLOAD_DECODER_TAIL
+    exec(compile(source, f"<cdcsync decoder for source {plan.spec.source_id!r}>", "exec"), namespace)
+    return namespace["decode_payload"]
 
 
 class _Plan:
@@ -863,98 +1034,46 @@ class _Plan:
         self.row_types = [self.schema.field(i).type for i in range(width)]
         self.null_row = [None] * width
         self.pa = pa
+        self._decode_payload = _compile_payload_decoder(self)
 
     # ---- one message -----------------------------------------------------------------------------------------
 
     def decode_message(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str:
         """The output row ([business..., op, version or None, ts or None]) or a dead-letter reason."""
-        parts = _fast_wrapped(raw)
-        if parts is None:
-            document, reason = _loads(raw, "value")
-            if reason is not None:
-                return reason
-            parts = _unwrap(document, "value")  # type: ignore[assignment]
-            if type(parts) is str:
-                return parts
-        elif type(parts[1]) is not dict:
-            return f"value 'payload' is {_describe_json(parts[1])}, not a JSON object"
-        schema, payload = parts  # type: ignore[misc]
+        schema: dict[str, Any] | None = None
+        parts = _fast_wrapped(raw) if raw.startswith(_WRAPPED_PREFIX) else None
+        if parts is not None:
+            schema, payload = parts
+        else:
+            try:
+                payload = _fast_loads(raw)
+            except Exception:  # not JSON, or JSON the fast parser refuses: the exact parser decides
+                return self._decode_exactly(raw, key_raw)
+            if type(payload) is not dict or "schema" in payload or "payload" in payload:
+                unwrapped = _unwrap(payload, "value")
+                if isinstance(unwrapped, str):
+                    return unwrapped
+                schema, payload = unwrapped
+        if type(payload) is not dict:
+            return f"value 'payload' is {_describe_json(payload)}, not a JSON object"
         try:
             return self._decode_payload(payload, schema, raw, key_raw)
         except _Reparse:
-            document, reason = _loads_exact(raw, "value")
-            if reason is not None:
-                return reason
-            parts = _unwrap(document, "value")  # type: ignore[assignment]
-            if type(parts) is str:
-                return parts
-            schema, payload = parts  # type: ignore[misc]
-            try:
-                return self._decode_payload(payload, schema, raw, key_raw)
-            except _Reparse:  # pragma: no cover - exact parsing yields no floats
-                return "value: a number could not be read exactly"
+            return self._decode_exactly(raw, key_raw)
 
-    def _decode_payload(self, payload: dict[str, Any], schema: dict[str, Any] | None, raw: bytes,
-                        key_raw: bytes | None) -> list[Any] | str:
-        op = payload.get("op")
-        struct = _ROW_STRUCT.get(op) if type(op) is str else None
-        if struct is None:
-            if op is None:
-                return "no 'op' field: not a Debezium change event"
-            if op == "t":
-                return "truncate events (op 't') are not supported yet"
-            return f"unsupported op {_show(op)}; expected one of c, u, d, r"
-        row = payload.get(struct)
-        if type(row) is not dict:
-            if row is not None:
-                return f"'{struct}' is {_describe_json(row)}, not an object"
-            if struct == "after":
-                return f"op '{op}' has no 'after' row"
-            row = {}
-
-        ctx = (schema, struct, raw)
-        values: list[Any] = []
-        append = values.append
-        for name, convert in self.columns:
-            value = row.get(name)
-            if value is None:
-                append(None)
-                continue
-            try:
-                append(convert(value, ctx))
-            except _Reject as error:
-                return f"column '{name}': {error}"
-
-        pk_index = self.pk_index
-        if pk_index is None:
-            reason = self._key_from_message(values, key_raw)
-            if reason is not None:
-                return reason
-        else:
-            for i in pk_index:
-                if values[i] is None:
-                    reason = self._key_fallback(values, key_raw)
-                    if reason is not None:
-                        return reason
-                    break
-
-        version = ts = None
-        source = payload.get("source")
-        if type(source) is dict:
-            lsn = source.get("lsn")
-            if type(lsn) is int and 0 <= lsn <= _MAX_BIGINT:
-                version = lsn
-            ts_ms = source.get("ts_ms")
-            if type(ts_ms) is int and _MIN_TS_MS <= ts_ms <= _MAX_TS_MS:
-                ts = ts_ms * 1000
-        if ts is None:
-            ts_ms = payload.get("ts_ms")
-            if type(ts_ms) is int and _MIN_TS_MS <= ts_ms <= _MAX_TS_MS:
-                ts = ts_ms * 1000
-        append(op)
-        append(version)
-        append(ts)
-        return values
+    def _decode_exactly(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str:
+        """The slow path: the standard library parser, with exact Decimals for every non-integer number."""
+        document, reason = _loads_exact(raw, "value")
+        if reason is not None:
+            return reason
+        unwrapped = _unwrap(document, "value")
+        if isinstance(unwrapped, str):
+            return unwrapped
+        schema, payload = unwrapped
+        try:
+            return self._decode_payload(payload, schema, raw, key_raw)
+        except _Reparse:  # pragma: no cover - exact parsing yields no doubles
+            return "value: a number could not be read exactly"
 
     # ---- the primary key -------------------------------------------------------------------------------------
 
@@ -964,7 +1083,7 @@ class _Plan:
         """(key columns, key schema, None) or ({}, None, reason)."""
         if key_raw is None:
             return {}, None, "message has no key"
-        parts = None if exact else _fast_wrapped(key_raw)
+        parts = _fast_wrapped(key_raw) if not exact and key_raw.startswith(_WRAPPED_PREFIX) else None
         if parts is None:
             document, reason = _loads_exact(key_raw, "message key") if exact else _loads(key_raw, "message key")
             if reason is not None:
@@ -1054,8 +1173,7 @@ class _Plan:
 
         rows: list[list[Any]] = []
         sources: list[int] = []
-        reasons: list[str | None] = []
-        failed = False
+        dead: list[tuple[int, str]] = []  # (output row, reason)
         decode = self.decode_message
         null_row = self.null_row
         for i, raw in enumerate(values_in):
@@ -1076,11 +1194,9 @@ class _Plan:
                         kafka_ts = self._kafka_micros(batch)
                     result[-1] = kafka_ts[i]
                 rows.append(result)
-                reasons.append(None)
             else:
+                dead.append((len(rows), result))  # type: ignore[arg-type]
                 rows.append(null_row)
-                reasons.append(result)  # type: ignore[arg-type]
-                failed = True
 
         count = len(rows)
         columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
@@ -1089,12 +1205,19 @@ class _Plan:
         for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
             taken = batch.column(names.index(column)).take(take)
             arrays.append(taken if taken.type == arrow_type else taken.cast(arrow_type))
-        arrays.append(pa.array(reasons, type=pa.string()))
-        if failed:
-            dead = list(zip(sources, reasons, strict=True))
-            arrays.append(pa.array([keys_in[s] if r else None for s, r in dead], type=pa.binary()))
-            arrays.append(pa.array([values_in[s] if r else None for s, r in dead], type=pa.binary()))
+        if dead:
+            reasons: list[str | None] = [None] * count
+            dead_keys: list[bytes | None] = [None] * count
+            dead_values: list[bytes | None] = [None] * count
+            for row, reason in dead:
+                reasons[row] = reason
+                dead_keys[row] = keys_in[sources[row]]
+                dead_values[row] = values_in[sources[row]]
+            arrays.append(pa.array(reasons, type=pa.string()))
+            arrays.append(pa.array(dead_keys, type=pa.binary()))
+            arrays.append(pa.array(dead_values, type=pa.binary()))
         else:
+            arrays.append(pa.nulls(count, type=pa.string()))
             arrays.append(pa.nulls(count, type=pa.binary()))
             arrays.append(pa.nulls(count, type=pa.binary()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
@@ -1108,7 +1231,7 @@ class _Plan:
             unscaled = pa.array(column, type=pa.int64())
         except OverflowError:
             scale = arrow_type.scale
-            decimals = [None if u is None else Decimal(u).scaleb(-scale) for u in column]
+            decimals = [None if u is None else Decimal(f"{u}E-{scale}") for u in column]  # exact, unlike scaleb
             return pa.array(decimals, type=arrow_type)
         return unscaled.cast(pa.decimal128(38, 0)).view(arrow_type)
 

@@ -26,7 +26,9 @@ class Project:
     pipeline_file: Path
     env: dict[str, str]
 
-    def cdcsync(self, *args: str, timeout: float = RUN_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cdcsync(
+        self, *args: str, timeout: float = RUN_TIMEOUT_S, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "cdcsync", *args],
             cwd=self.root,
@@ -73,7 +75,13 @@ def orders_pipeline(topic: str, *, max_offsets_per_trigger: int | None = None, *
         "name": "e2e",
         "sources": {"orders": source},
         "sinks": {
-            "mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "Orders Mirror", "delete_mode": "hard"},
+            "mirror": {
+                "type": "postgres",
+                "from": "orders",
+                "schema": "app",
+                "table": "Orders Mirror",
+                "delete_mode": "hard",
+            },
             "audit": {"type": "postgres", "from": "orders", "schema": "app", "table": "order", "delete_mode": "soft"},
         },
     }

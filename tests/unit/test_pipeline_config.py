@@ -76,28 +76,80 @@ def test_composite_keys_are_lists() -> None:
 @pytest.mark.parametrize(
     ("path", "value", "expected"),
     [
-        ("sinks.orders_mirror.primary_key", "idd", "sinks.orders_mirror.primary_key: column 'idd' is not in source 'orders' (did you mean 'id'?)"),
-        ("sources.orders.primary_key", "order_id", "sources.orders.primary_key: column 'order_id' is not in the source's columns"),
-        ("sinks.orders_mirror.from", "orderz", "sinks.orders_mirror.from: 'orderz' is not a source (did you mean 'orders'?)"),
-        ("sinks.orders_mirror.delete_mode", "purge", "sinks.orders_mirror.delete_mode: 'purge' is not one of 'hard' or 'soft'"),
-        ("sinks.orders_mirror.delet_mode", "soft", "sinks.orders_mirror.delet_mode: unknown key (did you mean 'delete_mode'?)"),
-        ("sinks.orders_mirror.type", "postgress", "sinks.orders_mirror.type: 'postgress' is not one of postgres (did you mean 'postgres'?)"),
-        ("sinks.orders_mirror.type", "clickhouse", "sinks.orders_mirror.type: 'clickhouse' is not available in this version"),
+        (
+            "sinks.orders_mirror.primary_key",
+            "idd",
+            "sinks.orders_mirror.primary_key: column 'idd' is not in source 'orders' (did you mean 'id'?)",
+        ),
+        (
+            "sources.orders.primary_key",
+            "order_id",
+            "sources.orders.primary_key: column 'order_id' is not in the source's columns",
+        ),
+        (
+            "sinks.orders_mirror.from",
+            "orderz",
+            "sinks.orders_mirror.from: 'orderz' is not a source (did you mean 'orders'?)",
+        ),
+        (
+            "sinks.orders_mirror.delete_mode",
+            "purge",
+            "sinks.orders_mirror.delete_mode: 'purge' is not one of 'hard' or 'soft'",
+        ),
+        (
+            "sinks.orders_mirror.delet_mode",
+            "soft",
+            "sinks.orders_mirror.delet_mode: unknown key (did you mean 'delete_mode'?)",
+        ),
+        (
+            "sinks.orders_mirror.type",
+            "postgress",
+            "sinks.orders_mirror.type: 'postgress' is not one of postgres (did you mean 'postgres'?)",
+        ),
+        (
+            "sinks.orders_mirror.type",
+            "clickhouse",
+            "sinks.orders_mirror.type: 'clickhouse' is not available in this version",
+        ),
         ("sinks.orders_mirror.table", ..., "sinks.orders_mirror.table: required key is missing"),
-        ("sinks.orders_mirror.table", "t" * 64, "sinks.orders_mirror.table: '" + "t" * 64 + "' is longer than Postgres' 63-byte"),
+        (
+            "sinks.orders_mirror.table",
+            "t" * 64,
+            "sinks.orders_mirror.table: '" + "t" * 64 + "' is longer than Postgres' 63-byte",
+        ),
         ("sources.orders.topic", ..., "sources.orders.topic: required key is missing"),
         ("sources.orders.type", ..., "sources.orders.type: required key is missing"),
         ("sources.orders.type", "kinesis", "sources.orders.type: 'kinesis' is not one of kafka"),
         ("sources.orders.format", "protobuf", "sources.orders.format: 'protobuf' is not one of 'json'"),
-        ("sources.orders.on_decode_error", "ignore", "sources.orders.on_decode_error: 'ignore' is not one of 'dlq' or 'fail'"),
+        (
+            "sources.orders.on_decode_error",
+            "ignore",
+            "sources.orders.on_decode_error: 'ignore' is not one of 'dlq' or 'fail'",
+        ),
         ("sources.orders.columns", {}, "sources.orders.columns:"),
-        ("sources.orders.columns", {"id": "bigint", "x": "bignum"}, "sources.orders.columns.x: 'bignum' is not a Postgres type"),
-        ("sources.orders.columns", {"id": "bigint", "x": "numeric(2,5)"}, "sources.orders.columns.x: 'numeric(2,5)': numeric scale"),
-        ("sources.orders.columns", {"id": "bigint", "_cdc_op": "text"}, "sources.orders.columns._cdc_op: names starting with '_cdc_' and _batch_id"),
+        (
+            "sources.orders.columns",
+            {"id": "bigint", "x": "bignum"},
+            "sources.orders.columns.x: 'bignum' is not a Postgres type",
+        ),
+        (
+            "sources.orders.columns",
+            {"id": "bigint", "x": "numeric(2,5)"},
+            "sources.orders.columns.x: 'numeric(2,5)': numeric scale",
+        ),
+        (
+            "sources.orders.columns",
+            {"id": "bigint", "_cdc_op": "text"},
+            "sources.orders.columns._cdc_op: names starting with '_cdc_' and _batch_id",
+        ),
         ("sources.orders.columns", {"id": "bigint", "x": 5}, "sources.orders.columns"),
         ("sources.orders.columns", {"id": "bigint", "_batch_id": "int"}, "sources.orders.columns._batch_id: names"),
         ("sinks.orders_mirror.primary_key", ["id", "id"], "sinks.orders_mirror.primary_key: a column is listed twice"),
-        ("sources.orders.max_offsets_per_trigger", 0, "sources.orders.max_offsets_per_trigger: Input should be greater than 0"),
+        (
+            "sources.orders.max_offsets_per_trigger",
+            0,
+            "sources.orders.max_offsets_per_trigger: Input should be greater than 0",
+        ),
         ("sources.orders.options", {"subscribe": "x"}, "sources.orders.options.subscribe: set by cdcsync itself"),
         ("name", ..., "name: required key is missing"),
         ("name", "shop pipeline!", "name: 'shop pipeline!' must start with a letter or digit"),
@@ -136,7 +188,9 @@ def test_sink_without_any_key_is_refused() -> None:
 def test_two_sinks_on_one_table_are_refused() -> None:
     doc = copy.deepcopy(VALID)
     doc["sinks"]["again"] = dict(doc["sinks"]["orders_mirror"])
-    assert any("sinks.again.table: app.orders is already the target of sink 'orders_mirror'" in p for p in problems_of(doc))
+    assert any(
+        "sinks.again.table: app.orders is already the target of sink 'orders_mirror'" in p for p in problems_of(doc)
+    )
 
 
 def test_not_a_mapping() -> None:

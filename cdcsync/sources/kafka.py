@@ -1,0 +1,99 @@
+"""The Kafka source: Spark Kafka options for a source, and the executor task that turns Kafka rows into changes.
+
+Decoding happens once per micro-batch, in one pass on the executors (:class:`DecodeTask`): each task decodes its
+Arrow batches, writes the messages it could not decode to ``cdcsync.dead_letters`` itself (idempotently, so a
+retried task or a replayed batch records nothing twice) and passes only decoded changes on. Nothing is cached
+and nothing but counts reaches the driver. Under ``on_decode_error: fail`` the task fails instead, naming the
+message, and the driver turns that into a :class:`~cdcsync.errors.DecodeError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cdcsync.config.pipeline import KafkaSource
+from cdcsync.config.settings import Settings
+from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
+from cdcsync.sinks.dead_letters import DeadLetterWriter
+from cdcsync.sources.debezium import CDC_COLUMNS, DecodeSpec, decode_batches, output_spark_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import Accumulator
+    from pyspark.sql import DataFrame
+
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
+DECODER_INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
+"""Only these cross into Python: converting Kafka's headers (an array of structs) to Arrow costs more than
+decoding the JSON itself, and the JSON envelope carries everything the decoder needs."""
+
+
+
+FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.max.bytes": str(64 << 20)}
+"""Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
+
+
+def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:
+    """Options of Spark's Kafka source: settings' native client keys, ours, then the source's own verbatim."""
+    options = dict(FETCH_DEFAULTS)
+    options.update({f"kafka.{key}": value for key, value in settings.kafka.options.items()})
+    options.update(
+        {
+            "kafka.bootstrap.servers": settings.bootstrap_servers,
+            "subscribe": source.topic,
+            "startingOffsets": source.starting_offsets,
+            "includeHeaders": "true",
+            "groupIdPrefix": f"cdcsync-{pipeline_name}",
+            "maxOffsetsPerTrigger": str(source.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS_PER_TRIGGER),
+        }
+    )
+    options.update(source.options)
+    return options
+
+
+def changes_spark_schema(spec: DecodeSpec) -> str:
+    """The decoded changes: business columns then the ``_cdc_*`` metadata (the decoder's dead-letter fields cut)."""
+    fields = output_spark_schema(spec).split(", ")
+    return ", ".join(fields[: len(spec.columns) + len(CDC_COLUMNS)])
+
+
+@dataclass(frozen=True)
+class DecodeTask:
+    """Executor side of decoding (picklable; Spark ships it to the Python workers)."""
+
+    spec: DecodeSpec
+    dead_letters: DeadLetterWriter | None
+    """None under ``on_decode_error: fail``."""
+    dead_letter_count: Accumulator[int] | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+
+        keep = [name for name, _ in self.spec.columns] + [name for name, _ in CDC_COLUMNS]
+        for decoded in decode_batches(batches, self.spec):
+            reasons = decoded.column("_dlq_reason")
+            if reasons.null_count < decoded.num_rows:
+                bad = pc.is_valid(reasons)
+                if self.dead_letters is None:
+                    raise RuntimeError(f"{DECODE_FAILURE_MARKER} {_describe_first(decoded.filter(bad))}")
+                written = self.dead_letters.write(decoded.filter(bad))
+                if self.dead_letter_count is not None:
+                    self.dead_letter_count.add(written)
+                decoded = decoded.filter(pc.invert(bad))
+            if decoded.num_rows:
+                yield decoded.select(keep)
+
+
+def _describe_first(bad: pa.RecordBatch) -> str:
+    row = bad.slice(0, 1).to_pylist()[0]
+    return (
+        f"message at {row['_cdc_topic']}/{row['_cdc_partition']}@{row['_cdc_offset']} "
+        f"could not be decoded: {row['_dlq_reason']}"
+    )
+
+
+def decoded_changes(raw: DataFrame, task: DecodeTask) -> DataFrame:
+    """The micro-batch's decoded changes, one row per change, lazily (decoded when a sink reads it)."""
+    return raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, changes_spark_schema(task.spec))
