@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -45,7 +45,14 @@ class DevStackSettings(_Section):
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = None
     options: dict[str, str] = Field(default_factory=dict)
-    """Native consumer keys passed verbatim (``security.protocol``, ``sasl.mechanism`` ...)."""
+    """Native consumer keys (``security.protocol``, ``sasl.mechanism`` ...), passed to the Kafka client verbatim.
+    Environment variables cannot hold dots, so ``CDCSYNC__KAFKA__OPTIONS__SECURITY_PROTOCOL`` arrives as
+    ``security_protocol`` and is mapped to ``security.protocol`` (Kafka's own keys never contain ``_``)."""
+
+    @field_validator("options")
+    @classmethod
+    def _native_keys(cls, options: dict[str, str]) -> dict[str, str]:
+        return {key if "." in key else key.replace("_", "."): value for key, value in options.items()}
 
 
 class SchemaRegistrySettings(_Section):

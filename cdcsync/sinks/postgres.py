@@ -155,23 +155,57 @@ class PostgresUpsertSink:
 
     def write_batch(self, changes: DataFrame, batch_id: int, checkpoint_id: str) -> BatchResult:
         """Land one micro-batch of decoded changes exactly once. Raises SinkError (retriable where it may help)."""
-        import psycopg
+        ledger_key = self._ledger_key(batch_id, checkpoint_id)
+        if not self.prepare(ledger_key):
+            return BatchResult(self.sink_id, batch_id, skipped=True)
+        started = time.monotonic()
+        staged_frame = changes.select(*[f"`{c}`" for c in (*self.columns, *_METADATA_TO_STAGE)])
+        try:
+            counts = staged_frame.mapInArrow(self.stage_writer(batch_id), "rows bigint").collect()
+        except Exception as error:  # Spark wraps executor failures; see executor_error
+            failure = executor_error(error, f"staging batch {batch_id} for {self.target_name}")
+            if isinstance(failure, SinkError):
+                failure.add_context(self.label)
+            raise failure from None
+        staged = sum(row["rows"] for row in counts)
+        staged_at = time.monotonic()
+        merged = self.merge(ledger_key)
+        log.info(
+            "%s batch %d: staged %d rows in %.2fs, merged %s in %.2fs",
+            self.label,
+            batch_id,
+            staged,
+            staged_at - started,
+            merged,
+            time.monotonic() - staged_at,
+        )
+        if merged is None:
+            return BatchResult(self.sink_id, batch_id, skipped=True, rows_staged=staged)
+        return BatchResult(self.sink_id, batch_id, skipped=False, rows_staged=staged, rows_merged=merged)
 
-        ledger_key = {
+    def _ledger_key(self, batch_id: int, checkpoint_id: str) -> dict[str, Any]:
+        return {
             "pipeline": self.pipeline.name,
             "sink": self.sink_id,
             "checkpoint_id": checkpoint_id,
             "batch_id": batch_id,
         }
+
+    def prepare(self, ledger_key: dict[str, Any]) -> bool:
+        """False when the ledger already holds this batch; else empty the stage of a crashed attempt's rows."""
+        import psycopg
+
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
-                    return BatchResult(self.sink_id, batch_id, skipped=True)
+                    return False
                 conn.execute(self._truncate_sql)
         except psycopg.Error as error:
-            raise self._error(f"preparing batch {batch_id}", error) from None
+            raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
+        return True
 
-        writer = StageWriter(
+    def stage_writer(self, batch_id: int) -> StageWriter:
+        return StageWriter(
             dsn=self.dsn,
             copy_sql=self._copy_sql,
             primary_key=self.primary_key,
@@ -179,22 +213,15 @@ class PostgresUpsertSink:
             batch_id=batch_id,
             sink_label=self.label,
         )
-        staged_frame = changes.select(*[f"`{c}`" for c in (*self.columns, *_METADATA_TO_STAGE)])
-        try:
-            started = time.monotonic()
-            counts = staged_frame.mapInArrow(writer, "rows bigint").collect()
-            staged_at = time.monotonic()
-        except Exception as error:  # Spark wraps executor failures; see executor_error
-            failure = executor_error(error, f"staging batch {batch_id} for {self.target_name}")
-            if isinstance(failure, SinkError):
-                failure.add_context(self.label)
-            raise failure from None
-        staged = sum(row["rows"] for row in counts)
 
+    def merge(self, ledger_key: dict[str, Any]) -> int | None:
+        """Merge the staged batch and record it in the ledger, in one transaction; None if it was merged before."""
+        import psycopg
+
+        batch_id = ledger_key["batch_id"]
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
-                recorded = conn.execute(self._ledger_record_sql, ledger_key).rowcount
-                if recorded == 0:
+                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
@@ -205,14 +232,10 @@ class PostgresUpsertSink:
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
                 conn.execute(self._truncate_sql)
         except _AlreadyMerged:
-            return BatchResult(self.sink_id, batch_id, skipped=True, rows_staged=staged)
+            return None
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
-        log.info(
-            "%s batch %d: staged %d rows in %.2fs, merged %d in %.2fs",
-            self.label, batch_id, staged, staged_at - started, merged, time.monotonic() - staged_at,
-        )
-        return BatchResult(self.sink_id, batch_id, skipped=False, rows_staged=staged, rows_merged=merged)
+        return merged
 
     def _error(self, doing: str, error: Exception) -> SinkError:
         retriable = classify_postgres_error(error)

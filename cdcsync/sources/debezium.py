@@ -272,7 +272,19 @@ def _logical(schema: dict[str, Any] | None) -> tuple[str | None, dict[str, Any]]
 
 
 def _b64(value: str) -> bytes:
+    """Strict base64 (as JsonConverter writes bytes); raises ValueError (binascii.Error) otherwise."""
     return base64.b64decode(value, validate=True)
+
+
+try:
+    binascii.a2b_base64("", strict_mode=True)  # Python >= 3.11: the same check, without the regex
+
+    def _b64(value: str) -> bytes:
+        """Strict base64 (as JsonConverter writes bytes); raises ValueError (binascii.Error) otherwise."""
+        return binascii.a2b_base64(value, strict_mode=True)
+
+except TypeError:  # pragma: no cover - Python 3.10
+    pass
 
 
 # A converter takes (JSON value, context) and returns the Python value for the output Arrow column, or raises
@@ -843,35 +855,33 @@ def _describe_json(value: Any) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
+_JSON_NUMBER = rb"[ \t\n\r]*(-?([0-9]+)(?:\.([0-9]+))?(?:[eE]([-+]?[0-9]+))?)"
+_JSON_NUMBER_AT = re.compile(_JSON_NUMBER)
+
+
 def _number_pattern(json_name: bytes) -> re.Pattern[bytes]:
     """Finds the number tokens of every ``"name":<number>`` in a raw JSON message."""
-    return re.compile(re.escape(json_name) + rb"[ \t\n\r]*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)")
+    return re.compile(re.escape(json_name) + _JSON_NUMBER)
 
 
 def _exact_number(raw: bytes, json_name: bytes, pattern: re.Pattern[bytes], parsed: float) -> tuple[int, int] | None:
     """(coefficient, exponent) of the JSON number that the fast parser read as the double ``parsed``, from its
     text in ``raw``; None when that is not certain.
 
-    Every ``"name":<number>`` in the message is considered (``before`` and ``after`` both hold the field, and a
-    ``"name"`` key cannot occur inside a JSON string); the tokens that round to ``parsed`` must all be the same
-    text. A key of that name nested in another column's JSON is harmless for the same reason."""
-    shortest = repr(parsed).encode()
-    if b"e" not in shortest and raw.count(json_name) == 1:
-        # Fast path: the only occurrence is the shortest repr, possibly with trailing zeros (JSON from Java
-        # keeps a decimal's scale: 12.50), and then a delimiter. A longer, different token that rounds to the
-        # same double would continue with other digits.
-        at = raw.find(json_name + shortest)
-        if at >= 0:
-            start = at + len(json_name)
-            end = start + len(shortest)
-            while raw[end : end + 1] == b"0":
-                end += 1
-            if raw[end : end + 1] in b",}] \t\r\n":
-                whole, _, fraction = raw[start:end].partition(b".")
-                return int(whole + fraction), -len(fraction)
-    found: bytes | None = None
-    for token in pattern.findall(raw):
-        if token == found:
+    A ``"name":`` key cannot occur inside a JSON string (its quotes would be escaped), so when the raw message
+    holds it once, the number after it is this value. Otherwise (``before`` and ``after`` both hold the field,
+    or another column's JSON has such a key) every ``"name":<number>`` is considered: the tokens that round to
+    ``parsed`` must all be the same text."""
+    at = raw.find(json_name)
+    if at >= 0 and raw.find(json_name, at + len(json_name)) < 0:
+        match = _JSON_NUMBER_AT.match(raw, at + len(json_name))
+        if match is not None:
+            return _number_parts(match)
+        return None
+    found: re.Match[bytes] | None = None
+    for match in pattern.finditer(raw):
+        token = match.group(1)
+        if found is not None and token == found.group(1):
             continue
         try:
             if float(token) != parsed:
@@ -880,18 +890,21 @@ def _exact_number(raw: bytes, json_name: bytes, pattern: re.Pattern[bytes], pars
             return None
         if found is not None:
             return None
-        found = token
-    if found is None:
-        return None
+        found = match
+    return None if found is None else _number_parts(found)
+
+
+def _number_parts(match: re.Match[bytes]) -> tuple[int, int] | None:
+    """(coefficient, exponent) from a ``_JSON_NUMBER_AT`` / ``_number_pattern`` match."""
+    whole, fraction, exponent = match.group(2, 3, 4)
     try:
-        if b"e" in found or b"E" in found:
-            mantissa, _, exponent = found.replace(b"E", b"e").partition(b"e")
-        else:
-            mantissa, exponent = found, b"0"
-        whole, _, fraction = mantissa.partition(b".")
-        return int(whole + fraction), int(exponent) - len(fraction)
+        coefficient = int(whole + fraction) if fraction else int(whole)
+        shift = int(exponent) if exponent else 0
     except ValueError:  # more digits than Python converts
         return None
+    if fraction:
+        shift -= len(fraction)
+    return (-coefficient if match.group(1)[:1] == b"-" else coefficient), shift
 
 
 def _bad_op(op: Any) -> str:

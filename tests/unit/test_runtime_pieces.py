@@ -1,0 +1,152 @@
+"""Pure pieces of the runtime: settings precedence, secrets, retries, executor errors, progress, collapse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdcsync.config.settings import load_settings, redact_dsn
+from cdcsync.errors import ConfigError, DecodeError, SinkError
+from cdcsync.runtime.dbretry import with_retries
+from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, RETRIABLE_MARKER, executor_error
+from cdcsync.runtime.status import committed_offsets
+from cdcsync.runtime.stream import _lag
+from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sinks.postgres import newest_per_key
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("CDCSYNC"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_point_at_the_dev_stack() -> None:
+    settings = load_settings()
+    assert settings.bootstrap_servers == "127.0.0.1:19092"
+    assert settings.postgres_dsn == "postgresql://cdcsync@127.0.0.1:54329/cdcsync"
+    assert settings.migrations_dir == Path("migrations")
+
+
+def test_precedence_defaults_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cdcsync.yaml").write_text(
+        "kafka: {bootstrap_servers: 'file:9092'}\npostgres: {dsn: 'postgresql://file/db'}\nstate_dir: /from/file\n"
+    )
+    settings = load_settings()
+    assert settings.bootstrap_servers == "file:9092" and settings.state_dir == Path("/from/file")
+    monkeypatch.setenv("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", "env:9092")
+    settings = load_settings()
+    assert settings.bootstrap_servers == "env:9092"
+    assert settings.postgres_dsn == "postgresql://file/db"
+    settings = load_settings(kafka__bootstrap_servers="flag:9092", state_dir=None)
+    assert settings.bootstrap_servers == "flag:9092" and settings.state_dir == Path("/from/file")
+
+
+def test_native_kafka_options_nest_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDCSYNC__KAFKA__OPTIONS__SECURITY_PROTOCOL", "SASL_SSL")
+    assert load_settings().kafka.options == {"security.protocol": "SASL_SSL"}
+
+
+def test_dev_stack_ports_move_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDCSYNC__DEVSTACK__POSTGRES_PORT", "6000")
+    assert ":6000/" in load_settings().postgres_dsn
+
+
+def test_unknown_settings_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "cdcsync.yaml").write_text("kafak: {bootstrap_servers: x}\n")
+    with pytest.raises(ConfigError, match="kafak"):
+        load_settings()
+
+
+def test_secrets_never_show() -> None:
+    settings = load_settings(postgres__dsn="postgresql://me:hunter2@db/x")
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.postgres)
+    assert redact_dsn("postgresql://me:hunter2@db/x") == "postgresql://me:***@db/x"
+    assert "hunter2" not in redact_dsn("host=db password=hunter2 user=me")
+    assert redact_dsn("postgresql://me@db/x") == "postgresql://me@db/x"
+
+
+def test_retries_only_transient_errors() -> None:
+    calls: list[int] = []
+    waits: list[float] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise SinkError("connection refused", retriable=True)
+        return "done"
+
+    assert with_retries(flaky, describe="x", sleep=waits.append) == "done"
+    assert waits == [0.5, 1.0]
+
+    def broken() -> None:
+        calls.append(1)
+        raise SinkError("syntax error")
+
+    calls.clear()
+    with pytest.raises(SinkError):
+        with_retries(broken, describe="x", sleep=waits.append)
+    assert len(calls) == 1
+
+
+def test_retries_give_up_after_the_last_attempt() -> None:
+    def down() -> None:
+        raise SinkError("connection refused", retriable=True)
+
+    with pytest.raises(SinkError):
+        with_retries(down, describe="x", attempts=3, sleep=lambda _: None)
+
+
+def test_executor_errors_keep_their_classification() -> None:
+    wrapped = (
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "x.py", line 1\n'
+        f"RuntimeError: sink 'm': COPY failed: connection refused {RETRIABLE_MARKER}\n\tat org.apache..."
+    )
+    error = executor_error(RuntimeError(wrapped), "staging batch 3")
+    assert isinstance(error, SinkError) and error.retriable
+    assert str(error) == "staging batch 3: sink 'm': COPY failed: connection refused"
+    decode = executor_error(RuntimeError(f"RuntimeError: {DECODE_FAILURE_MARKER} message at t/0@5 ..."), "x")
+    assert isinstance(decode, DecodeError) and decode.user_error and "t/0@5" in str(decode)
+
+
+def test_lag_per_partition_from_progress() -> None:
+    progress = {"endOffset": json.dumps({"t": {"0": 10, "1": 5}}), "latestOffset": {"t": {"0": 15, "1": 5}}}
+    assert _lag(progress) == {"t/0": 5, "t/1": 0}
+
+
+def test_committed_offsets_read_from_the_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":3}}\n')
+    (tmp_path / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":9}}\n')
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")
+    assert committed_offsets(tmp_path) == {"t": {0: 3}}  # batch 1 is planned but not committed
+    assert committed_offsets(tmp_path / "missing") == {}
+
+
+def test_newest_per_key_keeps_the_highest_version_of_each_key() -> None:
+    table = pa.table(
+        {
+            "a": [1, 1, 2, 1, 2, 3],
+            "b": ["x", "x", "y", "z", "y", "x"],
+            "_cdc_version": [5, 9, 1, 7, 3, 2],
+            "v": ["a5", "a9", "b1", "c7", "b3", "d2"],
+        }
+    )
+    single = newest_per_key(table, ("a",))
+    assert sorted(zip(single["a"].to_pylist(), single["v"].to_pylist())) == [(1, "a9"), (2, "b3"), (3, "d2")]
+    composite = newest_per_key(table, ("a", "b"))
+    assert sorted(composite["v"].to_pylist()) == ["a9", "b3", "c7", "d2"]
+
+
+def test_copy_csv_keeps_empty_strings_apart_from_nulls_and_hex_encodes_bytes() -> None:
+    csv = arrow_to_copy_csv([pa.array(["", None, 'q"uote']), pa.array([b"\x00\x01", None, b""], pa.binary())])
+    assert csv.decode().splitlines() == ['"","\\x0001"', ",", '"q""uote","\\x"']
