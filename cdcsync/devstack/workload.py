@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import random
 import re
 import sys
@@ -69,7 +68,6 @@ NOTES = (
 )
 DEFAULT_START = datetime(2024, 1, 1, tzinfo=timezone.utc)
 DEFAULT_START_LSN = 0x1_6B37_4D48
-DEFAULT_BOOTSTRAP = "localhost:9092"
 
 
 @dataclass(frozen=True)
@@ -653,8 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--bootstrap",
-        default=os.environ.get("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP),
-        help="Kafka bootstrap servers (default: $CDCSYNC__KAFKA__BOOTSTRAP_SERVERS or %(default)s)",
+        default=None,
+        help="Kafka bootstrap servers (default: from cdcsync settings: $CDCSYNC__KAFKA__BOOTSTRAP_SERVERS, "
+        "cdcsync.yaml, else the dev stack's broker)",
     )
     parser.add_argument("--topic", required=True)
     parser.add_argument("--changes", type=int, default=10_000, help="change events to produce")
@@ -675,7 +674,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     replays = stale_replays(workload, args.replays, seed=args.seed) if args.replays else []
     events += malformed + replays
     try:
-        delivered = produce(args.bootstrap, args.topic, events, partitions=args.partitions)
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            from cdcsync.config.settings import load_settings
+
+            bootstrap = load_settings().bootstrap_servers
+        delivered = produce(bootstrap, args.topic, events, partitions=args.partitions)
     except CdcsyncError as error:
         print(f"error: {error}", file=sys.stderr)
         if error.hint:

@@ -27,6 +27,12 @@ Decisions worth knowing (README material):
   1-9999.
 * ``_cdc_version`` is ``source.lsn`` when the connector gives an integer LSN, else the Kafka offset;
   ``_cdc_ts`` is ``source.ts_ms``, else the payload's ``ts_ms``, else the Kafka message timestamp.
+* ``character`` without a length is ``character(1)``, as in Postgres.
+
+Speed (``benchmarks/decode.py``): messages are parsed with orjson when it is installed (else the standard
+library); the Connect schema of a wrapped message is parsed once per distinct schema, not per message; each spec
+gets a generated row decoder with the common cases inlined; decimals travel as unscaled integers into
+``decimal128``; the cyclic garbage collector is paused while a batch is decoded.
 """
 
 from __future__ import annotations
@@ -152,7 +158,11 @@ def _quote_ddl(name: str) -> str:
 
 
 def output_spark_schema(spec: DecodeSpec) -> str:
-    """Spark DDL of :func:`decode_batches`' output: business columns, ``_cdc_*``, then ``_dlq_*``."""
+    """Spark DDL of :func:`decode_batches`' output: business columns, ``_cdc_*``, then ``_dlq_*``.
+
+    Also checks the spec (every type decodable, key columns declared) so that a bad one fails on the driver
+    with a :class:`~cdcsync.errors.DecodeError`, before Spark ships it to executors."""
+    _plan_for(spec)
     fields = [(name, pg_type.spark_type) for name, pg_type in spec.columns]
     fields += [*CDC_COLUMNS, *DLQ_COLUMNS]
     return ", ".join(f"{_quote_ddl(name)} {spark_type}" for name, spark_type in fields)
@@ -1212,8 +1222,17 @@ class _Plan:
                 rows.append(null_row)
 
         count = len(rows)
-        columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
-        arrays = [self._array(column, t) for column, t in zip(columns, self.row_types, strict=True)]
+        try:
+            arrays = self._arrays(rows)
+        except Exception:  # a converter bug, not bad input: find the rows Arrow refuses and dead-letter them
+            for row_index, row in enumerate(rows):
+                try:
+                    self._arrays([row])
+                except Exception as error:
+                    rows[row_index] = null_row
+                    dead.append((row_index, f"decoder error: {type(error).__name__}: {error}"[:300]))
+            dead.sort()
+            arrays = self._arrays(rows)
         take = pa.array(sources, type=pa.int64())
         for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
             taken = batch.column(names.index(column)).take(take)
@@ -1222,10 +1241,10 @@ class _Plan:
             reasons: list[str | None] = [None] * count
             dead_keys: list[bytes | None] = [None] * count
             dead_values: list[bytes | None] = [None] * count
-            for row, reason in dead:
-                reasons[row] = reason
-                dead_keys[row] = keys_in[sources[row]]
-                dead_values[row] = values_in[sources[row]]
+            for at, reason in dead:
+                reasons[at] = reason
+                dead_keys[at] = keys_in[sources[at]]
+                dead_values[at] = values_in[sources[at]]
             arrays.append(pa.array(reasons, type=pa.string()))
             arrays.append(pa.array(dead_keys, type=pa.binary()))
             arrays.append(pa.array(dead_values, type=pa.binary()))
@@ -1234,6 +1253,10 @@ class _Plan:
             arrays.append(pa.nulls(count, type=pa.binary()))
             arrays.append(pa.nulls(count, type=pa.binary()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _arrays(self, rows: list[list[Any]]) -> list[pa.Array]:
+        columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
+        return [self._array(column, t) for column, t in zip(columns, self.row_types, strict=True)]
 
     def _array(self, column: Any, arrow_type: pa.DataType) -> pa.Array:
         pa = self.pa

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
+from cdcsync.errors import DecodeError
+from cdcsync.sources import debezium
 from cdcsync.sources.debezium import (
     DecodeSpec,
     decode_batches,
@@ -216,6 +218,13 @@ def test_output_schema_ddl_quotes_names_and_matches_arrow() -> None:
     assert all(f.nullable for f in schema)
 
 
+def test_bad_specs_fail_on_the_driver() -> None:
+    with pytest.raises(DecodeError, match="primary key column 'nope' is not declared"):
+        output_spark_schema(make_spec({"id": "bigint"}, ("nope",)))
+    with pytest.raises(DecodeError, match="a column is declared twice"):
+        output_spark_schema(DecodeSpec("s", (("a", parse_pg_type("int")), ("a", parse_pg_type("text")))))
+
+
 def test_spec_from_source_and_pickles() -> None:
     source = KafkaSource.model_validate(
         {"type": "kafka", "topic": "t", "primary_key": "id", "columns": {"id": "bigint", "amount": "numeric(12,2)"}}
@@ -336,6 +345,23 @@ def test_dead_letters_and_good_rows_mix_in_one_batch() -> None:
     assert [r["_dlq_reason"] is None for r in rows] == [True, False, True]
     assert [r["_cdc_offset"] for r in rows] == [100, 101, 103]
     assert rows[1]["_dlq_key"] is None and rows[1]["_dlq_value"] == b"nope"
+
+
+def test_a_converter_bug_dead_letters_only_the_rows_arrow_refuses() -> None:
+    spec = make_spec({"id": "bigint", "price": "numeric(10,2)"})
+    plan = debezium._Plan(spec)
+    real = plan.converters[1]
+
+    def buggy(value: Any, ctx: Any) -> Any:  # hands a str to a decimal column when the price is 13
+        return "thirteen" if value == 13 else real(value, ctx)
+
+    plan.converters[1] = buggy
+    plan._decode_payload = debezium._compile_payload_decoder(plan)
+    messages = [(key(i), dumps(change("c", after={"id": i, "price": 10 + i}))) for i in range(5)]
+    rows = plan.decode_batch(kafka_batch(messages)).to_pylist()
+    assert [r["id"] for r in rows] == [0, 1, 2, None, 4]
+    assert rows[3]["_dlq_reason"].startswith("decoder error: ") and rows[3]["_dlq_value"] == messages[3][1]
+    assert [r["price"] for r in rows] == [Decimal(10), Decimal(11), Decimal(12), None, Decimal(14)]
 
 
 def test_workload_malformed_events_are_all_dead_letters() -> None:

@@ -349,6 +349,10 @@ def test_cli_produces_and_prints_counts(monkeypatch: pytest.MonkeyPatch, capsys:
     assert f"{load.counts['c']} inserts, {load.counts['u']} updates, {load.counts['d']} deletes" in out
     assert f"{len(load.expected)} live keys expected" in out
 
+    monkeypatch.setenv("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", "from-settings:9092")
+    assert workload.main(["--topic", "t", "--changes", "5"]) == 0
+    assert calls[-1][0] == "from-settings:9092"
+
     def failing_produce(*args: Any, **kwargs: Any) -> int:
         raise ServiceError("cannot reach Kafka at b:1", hint="start it")
 
