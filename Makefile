@@ -25,7 +25,7 @@ install: $(DEPS_STAMP)
 jars: $(JARS_STAMP)
 
 lint: install
-	$(BIN)/ruff check cdcsync tests benchmarks
+	$(BIN)/ruff check cdcsync tests benchmarks examples
 	$(BIN)/mypy
 
 test: jars lint

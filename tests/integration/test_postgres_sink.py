@@ -145,7 +145,7 @@ def test_values_round_trip_through_copy(sink: PostgresUpsertSink) -> None:
     land(
         sink,
         0,
-        [change("c", i, 10 + i, name, "-12.34", blob) for i, (name, blob) in enumerate(zip(tricky, [b"\x00\xff", b"", None, b"\\x", b"a"]))],
+        [change("c", i, 10 + i, name, "-12.34", blob) for i, (name, blob) in enumerate(zip(tricky, [b"\x00\xff", b"", None, b"\\x", b"a"], strict=True))],
     )
     rows = live(sink)
     assert [rows[i]["Name"] for i in range(len(tricky))] == tricky  # '' stays '', NULL stays NULL
