@@ -191,6 +191,7 @@ def run(
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
+    from cdcsync.sources.kafka import check_kafka_reachable
     from cdcsync.sql import migrations
 
     settings = _settings(migrations_dir)
@@ -199,6 +200,10 @@ def run(
         migrations.check_ready(
             conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
         )
+
+    missing = check_kafka_reachable(settings, [source.topic for source in pipeline.sources.values()])
+    for topic in missing:
+        err.print(f"[yellow]warning:[/] topic '{topic}' does not exist yet; nothing to read from it", highlight=False)
 
     runner = PipelineRunner(pipeline, settings, available_now=available_now)
     runner.install_signal_handlers()

@@ -70,7 +70,9 @@ def committed_offsets(checkpoint_dir: Path) -> dict[str, dict[int, int]]:
 def _end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdcsync-status", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "cdcsync-status", "enable.auto.commit": False, "log_level": 0}
+    )
     try:
         metadata = consumer.list_topics(timeout=10)
         result: dict[str, dict[int, int]] = {}

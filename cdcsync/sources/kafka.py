@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
+from cdcsync.errors import ServiceError
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sources.debezium import CDC_COLUMNS, DecodeSpec, decode_batches, output_spark_schema
@@ -97,3 +98,36 @@ def _describe_first(bad: pa.RecordBatch) -> str:
 def decoded_changes(raw: DataFrame, task: DecodeTask) -> DataFrame:
     """The micro-batch's decoded changes, one row per change, lazily (decoded when a sink reads it)."""
     return raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, changes_spark_schema(task.spec))
+
+
+def check_kafka_reachable(settings: Settings, topics: list[str], timeout: float = 10.0) -> list[str]:
+    """Fail fast, with the address and a hint, when Kafka cannot be reached; return the topics that do not exist.
+
+    Spark's own consumer would retry an unreachable broker for minutes before failing with a JVM stack trace.
+    Client options that only the Java client knows (``sasl.jaas.config``...) make librdkafka refuse the
+    configuration; then this check is skipped and Spark reports what it finds.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
+    config.update(settings.kafka.options)
+    config["log_level"] = 0  # librdkafka would print every failed connection attempt; the error below says it once
+    try:
+        admin = AdminClient(config)
+    except (KafkaException, ValueError, TypeError):
+        return []
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as error:
+        raise ServiceError(
+            f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s: {_kafka_reason(error)}",
+            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__KAFKA__BOOTSTRAP_SERVERS",
+            retriable=True,
+        ) from None
+    return [topic for topic in topics if topic not in metadata.topics]
+
+
+def _kafka_reason(error: Exception) -> str:
+    detail = error.args[0] if error.args else error
+    return str(detail.str()) if hasattr(detail, "str") else str(detail)
