@@ -27,7 +27,7 @@ from cdcsync.devstack import workload
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "examples" / "shop.yaml"
-CHANGES, KEYS, SEED = 5_000, 500, 42
+CHANGES, KEYS, SEED = 5_000, 2_000, 42
 
 console = Console()
 
@@ -87,7 +87,7 @@ def summarise(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
     table.add_row("app.orders_with_deleted", f"{audit[0]:,}", f"soft deletes: {audit[1]:,} flagged _cdc_deleted")
     table.add_row("cdcsync.dead_letters", f"{sum(n for _, n in dead):,}", "; ".join(f"{n} x {r[:40]}" for r, n in dead))
     for sink, batches, rows in ledger:
-        table.add_row(f"cdcsync.batch_ledger [{sink}]", f"{batches:,} batches", f"{rows:,} changes applied")
+        table.add_row(f"cdcsync.batch_ledger, sink {sink}", f"{batches:,} batches", f"{rows:,} changes applied")
     console.print()
     console.print(table)
 

@@ -554,6 +554,7 @@ def produce(
         "partitioner": "murmur2_random",
         "enable.idempotence": True,  # retries keep per-key order
         "message.timeout.ms": int(timeout * 1000),
+        "log_level": 3,  # transient warnings of a freshly started broker are retried; failures are raised below
     }
     settings.update(config or {})
     failures: list[str] = []

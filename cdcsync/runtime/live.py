@@ -76,8 +76,12 @@ class ProgressView:
         if self._live is not None:
             self._live.update(render_snapshot(snapshot))
             return
+        # One line per finished batch, once Spark's progress for it (rows in, lag) has arrived.
+        finished = [s for s in snapshot.sources.values() if s.last_batch_id is not None]
+        if not finished or any(s.last_batch_id not in s.progress_seen for s in finished):
+            return
         line = snapshot_line(snapshot)
-        if line != self._last_line and any(s.last_batch_id is not None for s in snapshot.sources.values()):
+        if line != self._last_line:
             self.console.print(line, soft_wrap=True, highlight=False)
             self._last_line = line
 
