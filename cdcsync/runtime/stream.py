@@ -203,9 +203,6 @@ class PipelineRunner:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     def snapshot(self) -> RunSnapshot:
         sinks: dict[str, SinkStats] = {}
         for handler in self.handlers.values():
