@@ -246,7 +246,9 @@ def status(pipeline_file: PipelineArg) -> None:
     out.print(lag)
     sinks = Table("sink", "target", "last batch", "committed at", "rows")
     for sink in report.sinks:
-        sinks.add_row(sink.sink, sink.target, str(sink.last_batch), str(sink.committed_at or "-"), f"{sink.rows:,}")
+        committed = sink.committed_at.strftime("%Y-%m-%d %H:%M:%S %Z") if sink.committed_at else "-"
+        last_batch = "-" if sink.last_batch is None else str(sink.last_batch)
+        sinks.add_row(sink.sink, sink.target, last_batch, committed, f"{sink.rows:,}")
     out.print(sinks)
     if report.dead_letters:
         out.print(f"dead letters: {report.dead_letters}")

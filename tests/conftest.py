@@ -110,6 +110,7 @@ def topic_name() -> str:
 def run_env(**settings: Any) -> dict[str, str]:
     """Environment for a ``cdcsync`` subprocess: the test's services through ``CDCSYNC__`` variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
+    env["COLUMNS"] = "200"  # Rich tables on a pipe: wide enough that no cell wraps
     for key, value in settings.items():
         env[f"CDCSYNC__{key.upper()}"] = str(value)
     return env

@@ -209,3 +209,11 @@ def ensure_port_free(service: str, port: int) -> None:
             f"{service}: port {LOOPBACK}:{port} is already in use by a process the dev stack did not start",
             hint="stop that process, or configure a different port for the dev stack",
         )
+
+
+def service_status(name: str, cfg: DevStackConfig, *, marker: str, port: int, address: str, log: Path) -> ServiceStatus:
+    """Running, starting (ours, port not open yet), stopped, or port-busy (someone else's process holds the port)."""
+    pid = owned_pid(cfg.pid_file(name), marker)
+    if pid is None:
+        return ServiceStatus(name, "port-busy" if port_open(port) else "stopped", None, address, log)
+    return ServiceStatus(name, "running" if port_open(port) else "starting", pid, address, log)

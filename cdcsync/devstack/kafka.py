@@ -23,6 +23,7 @@ from cdcsync.devstack.common import (
     ensure_port_free,
     owned_pid,
     port_open,
+    service_status,
     spawn,
     startup_failure,
     stop_pid,
@@ -185,13 +186,9 @@ def _format_storage(cfg: DevStackConfig, classpath: str) -> None:
 
 
 def status(cfg: DevStackConfig) -> ServiceStatus:
-    address = bootstrap_servers(cfg)
-    pid = owned_pid(cfg.pid_file(NAME), str(config_file(cfg)))
-    if pid is None:
-        state = "port-busy" if port_open(cfg.kafka_port) else "stopped"
-        return ServiceStatus(NAME, state, None, address, log_file(cfg))
-    state = "running" if port_open(cfg.kafka_port) else "starting"
-    return ServiceStatus(NAME, state, pid, address, log_file(cfg))
+    return service_status(
+        NAME, cfg, marker=str(config_file(cfg)), port=cfg.kafka_port, address=bootstrap_servers(cfg), log=log_file(cfg)
+    )
 
 
 def start(cfg: DevStackConfig) -> ServiceStatus:

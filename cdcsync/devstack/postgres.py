@@ -31,6 +31,7 @@ from cdcsync.devstack.common import (
     ensure_port_free,
     owned_pid,
     port_open,
+    service_status,
     spawn,
     startup_failure,
     stop_pid,
@@ -220,13 +221,9 @@ def _initdb(cfg: DevStackConfig, binaries: PostgresBinaries, run_as: tuple[int, 
 
 
 def status(cfg: DevStackConfig) -> ServiceStatus:
-    address = dsn(cfg)
-    pid = owned_pid(cfg.pid_file(NAME), str(data_dir(cfg)))
-    if pid is None:
-        state = "port-busy" if port_open(cfg.postgres_port) else "stopped"
-        return ServiceStatus(NAME, state, None, address, log_file(cfg))
-    state = "running" if port_open(cfg.postgres_port) else "starting"
-    return ServiceStatus(NAME, state, pid, address, log_file(cfg))
+    return service_status(
+        NAME, cfg, marker=str(data_dir(cfg)), port=cfg.postgres_port, address=dsn(cfg), log=log_file(cfg)
+    )
 
 
 def start(cfg: DevStackConfig) -> ServiceStatus:

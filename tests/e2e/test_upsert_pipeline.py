@@ -77,6 +77,12 @@ def test_changes_dead_letters_and_stale_replays(
     batches_after = assert_each_batch_once(postgres_dsn)
     assert len(batches_after["mirror"]) > len(batches_before["mirror"])
 
+    status = project.cdcsync("status", str(project.pipeline_file)).stdout
+    assert status.count(f"{topic_name}/") == 4  # one line per partition
+    assert f"{len(load.expected):,}" in status  # rows in the hard-delete mirror
+    lags = [line.split("│")[-2].strip() for line in status.splitlines() if f"{topic_name}/" in line]
+    assert lags == ["0"] * 4
+
 
 def test_sigkill_mid_stream_then_restart(
     make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, kafka_bootstrap: str, topic_name: str
