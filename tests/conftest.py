@@ -14,6 +14,8 @@ Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,7 +70,7 @@ def _containers() -> Iterator[Services]:
 
 
 @pytest.fixture(scope="session")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+def services() -> Iterator[Services]:
     given_dsn = os.environ.get("CDCSYNC_TEST_POSTGRES_DSN")
     given_kafka = os.environ.get("CDCSYNC_TEST_KAFKA_BOOTSTRAP")
     if given_dsn and given_kafka:
@@ -76,7 +78,13 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     elif os.environ.get("CDCSYNC_TEST_STACK") == "containers":
         yield from _containers()
     else:
-        yield from _dev_stack(tmp_path_factory.mktemp("devstack"))
+        # Not under pytest's basetemp: a second pytest session rotates old basetemps away, and must not delete
+        # the data directory of a Postgres this session is still using.
+        state_dir = Path(tempfile.mkdtemp(prefix="cdcsync-test-stack-"))
+        try:
+            yield from _dev_stack(state_dir)
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture()

@@ -3,9 +3,9 @@ clean stops on SIGINT/SIGTERM, and the numbers the live view shows.
 
 Each micro-batch (``BatchHandler``):
 
-1. decodes the Kafka rows on the executors (:class:`cdcsync.sources.kafka.DecodeTask`), whose tasks also send
-   undecodable messages to ``cdcsync.dead_letters`` (or fail, under ``on_decode_error: fail``);
-2. lands the decoded changes in every sink fed by the source, each exactly once through its ledger.
+decodes the Kafka rows on the executors (:class:`cdcsync.sources.kafka.DecodeTask`), whose tasks also send
+undecodable messages to ``cdcsync.dead_letters`` (or fail, under ``on_decode_error: fail``), and lands the
+changes in every sink fed by the source, each exactly once through its ledger (:mod:`cdcsync.pipeline.batch`).
 
 Transient failures (see :mod:`cdcsync.runtime.dbretry`) are retried with backoff inside the batch; anything else
 fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.pipeline import KafkaSource, Pipeline
 from cdcsync.config.settings import Settings
 from cdcsync.errors import CdcsyncError, ServiceError
+from cdcsync.pipeline.batch import land_batch
 from cdcsync.runtime.dbretry import with_retries
 from cdcsync.sinks.dead_letters import DeadLetterWriter
-from cdcsync.sinks.postgres import BatchResult, PostgresUpsertSink
+from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium import DecodeSpec
-from cdcsync.sources.kafka import DecodeTask, decoded_changes, spark_kafka_options
+from cdcsync.sources.kafka import DecodeTask, spark_kafka_options
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -151,32 +152,24 @@ class BatchHandler:
         return self._checkpoint_id
 
     def _process(self, raw: DataFrame, batch_id: int) -> None:
-        from pyspark import StorageLevel
-
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
         dead_letters = self.spark_context.accumulator(0)
-        task = DecodeTask(
+        decode = DecodeTask(
             spec=self.spec,
             dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
             dead_letter_count=dead_letters,
         )
-        changes = decoded_changes(raw, task)
-        if len(self.sinks) > 1:  # decode once, not once per sink
-            changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            for sink_id, sink in self.sinks.items():
-                result: BatchResult = with_retries(
-                    functools.partial(sink.write_batch, changes, batch_id, self.checkpoint_id),
-                    describe=f"sink '{sink_id}' batch {batch_id}",
-                )
-                stats = self.sink_stats[sink_id]
-                stats.batches += 1
-                stats.skipped_batches += int(result.skipped)
-                stats.rows_in += result.rows_staged
-                stats.rows_out += result.rows_merged
-        finally:
-            changes.unpersist()
+        outcome = with_retries(
+            functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks),
+            describe=f"source '{self.source_id}' batch {batch_id}",
+        )
+        for sink_id, result in outcome.sinks.items():
+            stats = self.sink_stats[sink_id]
+            stats.batches += 1
+            stats.skipped_batches += int(result.skipped)
+            stats.rows_in += result.rows_staged
+            stats.rows_out += result.rows_merged
         self.stats.batches += 1
         self.stats.last_batch_id = batch_id
         self.stats.dead_letters += int(dead_letters.value)

@@ -1,15 +1,16 @@
 """Postgres upsert sink: one mirror row per primary key, exactly-once effects per micro-batch.
 
-How a micro-batch lands (DESIGN.md, "Delivery guarantee"):
+How a micro-batch lands (DESIGN.md, "Delivery guarantee"; orchestrated by :mod:`cdcsync.pipeline.batch`):
 
-1. The driver looks the batch up in ``cdcsync.batch_ledger``; a replayed batch that was already merged is
-   skipped without touching the target.
-2. Executors collapse their partition to the newest change per key (vectorised, in Arrow) and COPY it as CSV
-   into the sink's UNLOGGED staging table, tagged with the batch id. No per-row statements, nothing collected to
-   the driver but a row count per partition.
-3. The driver runs one transaction: record the ledger row (``ON CONFLICT DO NOTHING`` makes a concurrent or
-   repeated merge a no-op), collapse the staged rows across partitions (``DISTINCT ON`` by ``_cdc_version``),
-   merge them so that only rows with an older ``_cdc_version`` are overwritten or deleted, and empty the stage.
+1. :meth:`PostgresUpsertSink.prepare`: the driver looks the batch up in ``cdcsync.batch_ledger``; a replayed
+   batch that was already merged is skipped without touching the target.
+2. :class:`StageWriter`: executors collapse their partition to the newest change per key (vectorised, in Arrow)
+   and COPY it as CSV into the sink's UNLOGGED staging table, tagged with the batch id. No per-row statements,
+   nothing collected to the driver but a row count per partition.
+3. :meth:`PostgresUpsertSink.merge`: the driver runs one transaction: record the ledger row (``ON CONFLICT DO
+   NOTHING`` makes a concurrent or repeated merge a no-op), collapse the staged rows across partitions
+   (``DISTINCT ON`` by ``_cdc_version``), merge them so that only rows with an older ``_cdc_version`` are
+   overwritten or deleted, and empty the stage.
 
 A task retried by Spark may COPY its partition twice; the duplicates are identical rows that the collapse folds
 away, so retries are harmless.
@@ -17,38 +18,24 @@ away, so retries are harmless.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import Pipeline, PostgresSink
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
-from cdcsync.runtime.executor_errors import RETRIABLE_MARKER, executor_error
+from cdcsync.runtime.executor_errors import RETRIABLE_MARKER
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sql import names
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame
 
-log = logging.getLogger(__name__)
 
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    sink_id: str
-    batch_id: int
-    skipped: bool
-    rows_staged: int = 0
-    rows_merged: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,25 +52,21 @@ class StageWriter:
     batch_id: int
     sink_label: str
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def stage(self, table: pa.Table) -> int:
+        """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
         import psycopg
-        import pyarrow as pa
 
-        received = list(batches)
-        staged = 0
-        table = pa.Table.from_batches(received) if received else None
-        if table is not None and table.num_rows:
-            table = newest_per_key(table, self.primary_key)
-            staged = table.num_rows
-            payload = _to_csv(table, self.columns, self.batch_id)
-            try:
-                with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
-                    copy.write(payload)
-            except psycopg.Error as error:
-                retriable = classify_postgres_error(error)
-                marker = f" {RETRIABLE_MARKER}" if retriable else ""
-                raise RuntimeError(f"{self.sink_label}: COPY into the staging table failed: {error}{marker}") from None
-        yield pa.RecordBatch.from_pydict({"rows": [staged]}, schema=pa.schema([("rows", pa.int64())]))
+        if table.num_rows == 0:
+            return 0
+        table = newest_per_key(table, self.primary_key)
+        payload = _to_csv(table, self.columns, self.batch_id)
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                copy.write(payload)
+        except psycopg.Error as error:
+            marker = f" {RETRIABLE_MARKER}" if classify_postgres_error(error) else ""
+            raise RuntimeError(f"{self.sink_label}: COPY into the staging table failed: {error}{marker}") from None
+        return table.num_rows
 
 
 def newest_per_key(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
@@ -153,37 +136,7 @@ class PostgresUpsertSink:
     def target_name(self) -> str:
         return f"{self.sink.schema_}.{self.sink.table}"
 
-    def write_batch(self, changes: DataFrame, batch_id: int, checkpoint_id: str) -> BatchResult:
-        """Land one micro-batch of decoded changes exactly once. Raises SinkError (retriable where it may help)."""
-        ledger_key = self._ledger_key(batch_id, checkpoint_id)
-        if not self.prepare(ledger_key):
-            return BatchResult(self.sink_id, batch_id, skipped=True)
-        started = time.monotonic()
-        staged_frame = changes.select(*[f"`{c}`" for c in (*self.columns, *_METADATA_TO_STAGE)])
-        try:
-            counts = staged_frame.mapInArrow(self.stage_writer(batch_id), "rows bigint").collect()
-        except Exception as error:  # Spark wraps executor failures; see executor_error
-            failure = executor_error(error, f"staging batch {batch_id} for {self.target_name}")
-            if isinstance(failure, SinkError):
-                failure.add_context(self.label)
-            raise failure from None
-        staged = sum(row["rows"] for row in counts)
-        staged_at = time.monotonic()
-        merged = self.merge(ledger_key)
-        log.info(
-            "%s batch %d: staged %d rows in %.2fs, merged %s in %.2fs",
-            self.label,
-            batch_id,
-            staged,
-            staged_at - started,
-            merged,
-            time.monotonic() - staged_at,
-        )
-        if merged is None:
-            return BatchResult(self.sink_id, batch_id, skipped=True, rows_staged=staged)
-        return BatchResult(self.sink_id, batch_id, skipped=False, rows_staged=staged, rows_merged=merged)
-
-    def _ledger_key(self, batch_id: int, checkpoint_id: str) -> dict[str, Any]:
+    def ledger_key(self, batch_id: int, checkpoint_id: str) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline.name,
             "sink": self.sink_id,

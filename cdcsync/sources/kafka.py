@@ -1,9 +1,9 @@
 """The Kafka source: Spark Kafka options for a source, and the executor task that turns Kafka rows into changes.
 
-Decoding happens once per micro-batch, in one pass on the executors (:class:`DecodeTask`): each task decodes its
-Arrow batches, writes the messages it could not decode to ``cdcsync.dead_letters`` itself (idempotently, so a
-retried task or a replayed batch records nothing twice) and passes only decoded changes on. Nothing is cached
-and nothing but counts reaches the driver. Under ``on_decode_error: fail`` the task fails instead, naming the
+Decoding happens once per micro-batch, on the executors (:class:`DecodeTask`, run inside the pipeline's single
+pass, :mod:`cdcsync.pipeline.batch`): each task decodes its Arrow batches, writes the messages it could not
+decode to ``cdcsync.dead_letters`` itself (idempotently, so a retried task or a replayed batch records nothing
+twice) and passes only decoded changes on. Under ``on_decode_error: fail`` the task fails instead, naming the
 message, and the driver turns that into a :class:`~cdcsync.errors.DecodeError`.
 """
 
@@ -18,12 +18,11 @@ from cdcsync.config.settings import Settings
 from cdcsync.errors import ServiceError
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sinks.dead_letters import DeadLetterWriter
-from cdcsync.sources.debezium import CDC_COLUMNS, DecodeSpec, decode_batches, output_spark_schema
+from cdcsync.sources.debezium import CDC_COLUMNS, DecodeSpec, decode_batches
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import Accumulator
-    from pyspark.sql import DataFrame
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
 DECODER_INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
@@ -52,12 +51,6 @@ def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Setti
     )
     options.update(source.options)
     return options
-
-
-def changes_spark_schema(spec: DecodeSpec) -> str:
-    """The decoded changes: business columns then the ``_cdc_*`` metadata (the decoder's dead-letter fields cut)."""
-    fields = output_spark_schema(spec).split(", ")
-    return ", ".join(fields[: len(spec.columns) + len(CDC_COLUMNS)])
 
 
 @dataclass(frozen=True)
@@ -93,11 +86,6 @@ def _describe_first(bad: pa.RecordBatch) -> str:
         f"message at {row['_cdc_topic']}/{row['_cdc_partition']}@{row['_cdc_offset']} "
         f"could not be decoded: {row['_dlq_reason']}"
     )
-
-
-def decoded_changes(raw: DataFrame, task: DecodeTask) -> DataFrame:
-    """The micro-batch's decoded changes, one row per change, lazily (decoded when a sink reads it)."""
-    return raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, changes_spark_schema(task.spec))
 
 
 def check_kafka_reachable(settings: Settings, topics: list[str], timeout: float = 10.0) -> list[str]:

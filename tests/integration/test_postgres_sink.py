@@ -74,12 +74,12 @@ def change(op: str, key: int, version: int, name: str | None = "n", amount: str 
 
 def land(sink: PostgresUpsertSink, batch_id: int, *partitions: list[dict[str, Any]], checkpoint: str = "cp") -> int | None:
     """Stage each partition as an executor would, then merge; returns rows out (None: batch already merged)."""
-    key = {"pipeline": "sinktest", "sink": "m", "checkpoint_id": checkpoint, "batch_id": batch_id}
+    key = sink.ledger_key(batch_id, checkpoint)
     if not sink.prepare(key):
         return None
     writer = sink.stage_writer(batch_id)
     for rows in partitions:
-        list(writer(iter([pa.RecordBatch.from_pylist(rows, schema=SCHEMA)])))
+        writer.stage(pa.Table.from_pylist(rows, schema=SCHEMA))
     return sink.merge(key)
 
 
