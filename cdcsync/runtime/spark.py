@@ -74,8 +74,12 @@ def _start_python_workers(spark: SparkSession) -> None:
 
 
 def _import_executor_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    import cdcsync.sinks.postgres
-    import cdcsync.sources.kafka  # noqa: F401
+    # What the decode and staging tasks import lazily (the CLI's import path stays light).
+    import psycopg  # noqa: F401
+    import pyarrow.compute
+    import pyarrow.csv  # noqa: F401
+
+    import cdcsync.pipeline.batch  # noqa: F401
 
     yield from batches
 
