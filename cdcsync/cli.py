@@ -20,7 +20,7 @@ from rich.table import Table
 from cdcsync import __version__
 from cdcsync.config.pipeline import Pipeline, load_pipeline
 from cdcsync.config.settings import Settings, load_settings, redact_dsn
-from cdcsync.errors import EXIT_INVALID_INPUT, EXIT_OK, CdcsyncError, ConfigError, exit_code_for
+from cdcsync.errors import CdcsyncError, exit_code_for
 
 app = typer.Typer(
     name="cdcsync",
@@ -317,9 +317,4 @@ def dev_env() -> None:
 
 
 def main() -> None:
-    try:
-        app()
-    except ConfigError as error:  # raised while parsing settings before a command's own handler runs
-        err.print(f"error: {error}")
-        sys.exit(EXIT_INVALID_INPUT)
-    sys.exit(EXIT_OK)
+    app()

@@ -130,16 +130,25 @@ class Settings(BaseSettings):
 
 def load_settings(**flags: Any) -> Settings:
     """Build settings from every layer; ``flags`` are CLI values (None means "not given")."""
+    import yaml
+
     overrides = _nest({key: value for key, value in flags.items() if value is not None})
+    settings_file = os.environ.get(SETTINGS_FILE_ENV, str(DEFAULT_SETTINGS_FILE))
     try:
         return Settings(**overrides)
     except ValidationError as error:
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()]
+        problems = []
+        for item in error.errors():
+            path = ".".join(str(p) for p in item["loc"])
+            variable = "CDCSYNC__" + path.replace(".", "__").upper()
+            problems.append(f"{path} (or {variable}): {item['msg']}")
         raise ConfigError(
-            "settings are invalid",
-            problems,
-            hint=f"check {os.environ.get(SETTINGS_FILE_ENV, DEFAULT_SETTINGS_FILE)} and CDCSYNC__* variables",
+            "settings are invalid", problems, hint=f"check {settings_file} and CDCSYNC__* variables"
         ) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{settings_file}: not valid YAML{at}: {getattr(error, 'problem', error)}") from None
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:

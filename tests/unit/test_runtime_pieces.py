@@ -150,3 +150,16 @@ def test_newest_per_key_keeps_the_highest_version_of_each_key() -> None:
 def test_copy_csv_keeps_empty_strings_apart_from_nulls_and_hex_encodes_bytes() -> None:
     csv = arrow_to_copy_csv([pa.array(["", None, 'q"uote']), pa.array([b"\x00\x01", None, b""], pa.binary())])
     assert csv.decode().splitlines() == ['"","\\x0001"', ",", '"q""uote","\\x"']
+
+
+def test_settings_file_syntax_errors_name_the_position(tmp_path: Path) -> None:
+    (tmp_path / "cdcsync.yaml").write_text("kafka: {bootstrap_servers: x\n")
+    with pytest.raises(ConfigError, match=r"cdcsync.yaml: not valid YAML at line \d+, column \d+"):
+        load_settings()
+
+
+def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDCSYNC__DEVSTACK__POSTGRES_PORT", "abc")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert any("CDCSYNC__DEVSTACK__POSTGRES_PORT" in problem for problem in caught.value.problems)
