@@ -58,15 +58,14 @@ def _dev_stack(tmp_root: Path) -> Iterator[Services]:
 
 
 def _containers() -> Iterator[Services]:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.postgres import PostgresContainer
+    from testcontainers.community.kafka import KafkaContainer
+    from testcontainers.community.postgres import PostgresContainer
 
-    postgres = PostgresContainer(POSTGRES_IMAGE, username="cdcsync", password="cdcsync", dbname="cdcsync")
+    postgres = PostgresContainer(POSTGRES_IMAGE, username="cdcsync", password="cdcsync", dbname="cdcsync", driver=None)
     postgres.with_command("postgres -c wal_level=logical")
     kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
     with postgres, kafka:
-        dsn = postgres.get_connection_url().replace("postgresql+psycopg2://", "postgresql://")
-        yield Services(postgres_dsn=dsn, bootstrap_servers=kafka.get_bootstrap_server())
+        yield Services(postgres_dsn=postgres.get_connection_url(), bootstrap_servers=kafka.get_bootstrap_server())
 
 
 @pytest.fixture(scope="session")
