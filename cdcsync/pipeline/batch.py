@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cdcsync.runtime.executor_errors import executor_error
@@ -56,24 +56,19 @@ class SinkOutcome:
     rows_merged: int = 0
 
 
-@dataclass
-class BatchOutcome:
-    sinks: dict[str, SinkOutcome] = field(default_factory=dict)
-
-
 def land_batch(
     raw: DataFrame,
     batch_id: int,
     checkpoint_id: str,
     decode: DecodeTask,
     sinks: dict[str, PostgresUpsertSink],
-) -> BatchOutcome:
+) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
-    outcome = BatchOutcome()
+    outcome: dict[str, SinkOutcome] = {}
     keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id) for sink_id, sink in sinks.items()}
     pending = {sink_id: sink for sink_id, sink in sinks.items() if sink.prepare(keys[sink_id])}
     for sink_id in sinks.keys() - pending.keys():
-        outcome.sinks[sink_id] = SinkOutcome(skipped=True)
+        outcome[sink_id] = SinkOutcome(skipped=True)
     if not pending:
         return outcome
 
@@ -90,12 +85,12 @@ def land_batch(
 
     for index, (sink_id, sink) in enumerate(pending.items()):
         merged = sink.merge(keys[sink_id])
-        outcome.sinks[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[index], rows_merged=merged or 0)
+        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[index], rows_merged=merged or 0)
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
         batch_id,
         staged_at - started,
-        {sink_id: o.rows_merged for sink_id, o in outcome.sinks.items()},
+        {sink_id: o.rows_merged for sink_id, o in outcome.items()},
         time.monotonic() - staged_at,
     )
     return outcome

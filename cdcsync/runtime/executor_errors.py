@@ -10,11 +10,18 @@ from __future__ import annotations
 import re
 
 from cdcsync.errors import CdcsyncError, DecodeError, SinkError
+from cdcsync.runtime.dbretry import classify_postgres_error
 
 RETRIABLE_MARKER = "[cdcsync:retriable]"
 DECODE_FAILURE_MARKER = "[cdcsync:decode-failure]"
 
 _PYTHON_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception): (?P<message>.+)$", re.MULTILINE)
+
+
+def task_failure(doing: str, error: Exception) -> RuntimeError:
+    """What an executor task raises for a failed Postgres write: the message, marked when a retry may help."""
+    marker = f" {RETRIABLE_MARKER}" if classify_postgres_error(error) else ""
+    return RuntimeError(f"{doing}: {str(error).strip()}{marker}")
 
 
 def executor_failure(error: BaseException) -> tuple[str, bool]:

@@ -102,7 +102,6 @@ class BatchHandler:
         self.source_id = source_id
         self.source = source
         self.sinks = sinks
-        self.dsn = dsn
         self.checkpoint_dir = checkpoint_dir
         self.spec = DecodeSpec.from_source(source_id, source)
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
@@ -164,7 +163,7 @@ class BatchHandler:
             functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks),
             describe=f"source '{self.source_id}' batch {batch_id}",
         )
-        for sink_id, result in outcome.sinks.items():
+        for sink_id, result in outcome.items():
             stats = self.sink_stats[sink_id]
             stats.batches += 1
             stats.skipped_batches += int(result.skipped)

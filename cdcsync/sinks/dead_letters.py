@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cdcsync.runtime.dbretry import classify_postgres_error
-from cdcsync.runtime.executor_errors import RETRIABLE_MARKER
+from cdcsync.runtime.executor_errors import task_failure
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sql.render import render
 
@@ -59,5 +58,4 @@ class DeadLetterWriter:
                     copy.write(payload)
                 return cur.execute(insert).rowcount
         except psycopg.Error as error:
-            marker = f" {RETRIABLE_MARKER}" if classify_postgres_error(error) else ""
-            raise RuntimeError(f"recording dead letters of source '{self.source_id}' failed: {error}{marker}") from None
+            raise task_failure(f"recording dead letters of source '{self.source_id}' failed", error) from None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.pipeline import Pipeline, PostgresSink
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
-from cdcsync.runtime.executor_errors import RETRIABLE_MARKER
+from cdcsync.runtime.executor_errors import task_failure
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sql import names
 from cdcsync.sql.render import render
@@ -64,8 +64,7 @@ class StageWriter:
             with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
                 copy.write(payload)
         except psycopg.Error as error:
-            marker = f" {RETRIABLE_MARKER}" if classify_postgres_error(error) else ""
-            raise RuntimeError(f"{self.sink_label}: COPY into the staging table failed: {error}{marker}") from None
+            raise task_failure(f"{self.sink_label}: COPY into the staging table failed", error) from None
         return table.num_rows
 
 

@@ -163,3 +163,15 @@ def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ConfigError) as caught:
         load_settings()
     assert any("CDCSYNC__DEVSTACK__POSTGRES_PORT" in problem for problem in caught.value.problems)
+
+
+def test_task_failures_carry_the_retriable_marker_only_when_a_retry_may_help() -> None:
+    import psycopg
+
+    from cdcsync.runtime.executor_errors import task_failure
+
+    refused = task_failure("sink 'm': COPY failed", psycopg.OperationalError("connection refused"))
+    assert str(refused) == f"sink 'm': COPY failed: connection refused {RETRIABLE_MARKER}"
+    bug = task_failure("sink 'm': COPY failed", psycopg.ProgrammingError("syntax error"))
+    assert RETRIABLE_MARKER not in str(bug)
+    assert executor_error(refused, "staging batch 1").retriable
