@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import platform
 import sys
 import tempfile
 import time
@@ -28,9 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
 from cdcsync.config.pipeline import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
-from cdcsync.devstack import DevStackConfig, down, up, workload
+from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session
 from cdcsync.runtime.stream import PipelineRunner
 from cdcsync.sql import migrations
@@ -41,28 +41,10 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    parser.add_argument("--postgres-dsn", help="use this server (maintenance database) instead of a dev stack")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of a dev stack")
+    add_service_arguments(parser)
     args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp:
-        root = Path(tmp)
-        stack = None
-        if args.postgres_dsn and args.bootstrap:
-            admin_dsn, bootstrap = args.postgres_dsn, args.bootstrap
-        else:
-            stack = DevStackConfig(
-                state_dir=root / "stack", postgres_port=55461, kafka_port=29392, kafka_controller_port=29393
-            )
-            print("starting a dev stack for the benchmark …", flush=True)
-            up(stack)
-            admin_dsn = f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync"
-            bootstrap = f"127.0.0.1:{stack.kafka_port}"
-        try:
-            run(args, root, admin_dsn, bootstrap)
-        finally:
-            if stack is not None:
-                down(stack)
+    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp, bench_services(args, Path(tmp)) as services:
+        run(args, Path(tmp), services.admin_dsn, services.bootstrap)
 
 
 def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
@@ -82,10 +64,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         flush=True,
     )
 
-    database = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
-    dsn = f"{admin_dsn.rpartition('/')[0]}/{database}"
+    dsn = fresh_database(admin_dsn, "bench")
 
     source: dict[str, Any] = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(load.columns)}
     if args.max_offsets_per_trigger:
@@ -139,10 +118,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         copy_seconds = time.perf_counter() - t0
 
     print()
-    print(
-        f"machine: {platform.machine()}, {_cpus()} cores, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}"
-    )
+    print(machine_line())
     print(f"spark session start:            {spark_start:8.1f} s")
     print(f"run --available-now (all):      {total:8.1f} s  ({stats.batches} micro-batches)")
     print(f"first batch start -> catch-up:  {streaming:8.1f} s")
@@ -152,12 +128,6 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     print(f"plain COPY of the final rows:   {copy_seconds:8.2f} s  ({len(rows) / copy_seconds:,.0f} rows/s)")
     print(f"pipeline time / COPY time:      {streaming / copy_seconds:8.1f} x")
     print("mirror verified equal to the expected final state")
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":

@@ -266,6 +266,8 @@ def _devstack_config() -> Any:
         postgres_port=settings.devstack.postgres_port,
         kafka_port=settings.devstack.kafka_port,
         kafka_controller_port=settings.devstack.kafka_controller_port,
+        clickhouse_port=settings.devstack.clickhouse_port,
+        schema_registry_port=settings.devstack.schema_registry_port,
     )
 
 

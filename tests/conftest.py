@@ -2,11 +2,16 @@
 
 Where the services come from:
 
-* default: the dev stack (``cdcsync.devstack``: embedded Postgres and a KRaft Kafka broker on the local JVM),
-  started in a temporary state directory on ports of its own, so a developer's running ``cdcsync dev up`` is
-  never touched;
-* ``CDCSYNC_TEST_STACK=containers``: the same services from pinned images through testcontainers (needs Docker);
-* ``CDCSYNC_TEST_POSTGRES_DSN`` / ``CDCSYNC_TEST_KAFKA_BOOTSTRAP``: services you already run.
+* default: the dev stack (``cdcsync.devstack``: embedded Postgres, a KRaft Kafka broker on the local JVM and
+  ClickHouse's engine from chDB behind the HTTP interface), started in a temporary state directory on ports of its
+  own, so a developer's running ``cdcsync dev up`` is never touched;
+* ``CDCSYNC_TEST_STACK=containers``: the same services from pinned images through testcontainers (needs Docker;
+  there ClickHouse is a real clickhouse-server);
+* ``CDCSYNC_TEST_POSTGRES_DSN`` / ``CDCSYNC_TEST_KAFKA_BOOTSTRAP`` / ``CDCSYNC_TEST_CLICKHOUSE_URL``: services you
+  already run (``eval "$(cdcsync dev env)"`` prints the dev stack's).
+
+The schema registry is the dev stack's stand-in (port 28081), with containers ``cp-schema-registry`` on the Kafka
+container's network, or ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``.
 
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -27,6 +33,8 @@ import pytest
 TESTS_DIR = Path(__file__).parent
 POSTGRES_IMAGE = "postgres:16.4-alpine"
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.7.1"
+SCHEMA_REGISTRY_IMAGE = "confluentinc/cp-schema-registry:7.7.1"
+CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,31 +49,71 @@ class Services:
     postgres_dsn: str
     """DSN of the server's maintenance database; tests get their own database from ``postgres_dsn``."""
     bootstrap_servers: str
+    clickhouse_url: str = ""
+    """ClickHouse HTTP interface as a clickhouse-connect DSN (``http://user[:password]@host:port``); empty when
+    services were given without ``CDCSYNC_TEST_CLICKHOUSE_URL``."""
+    schema_registry_url: str = ""
+    """A Confluent-compatible schema registry; empty when services were given without
+    ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL`` (the ``schema_registry_url`` fixture then starts a stand-in of its own)."""
 
 
 def _dev_stack(tmp_root: Path) -> Iterator[Services]:
     from cdcsync.devstack import DevStackConfig, down, up
 
-    config = DevStackConfig(state_dir=tmp_root, postgres_port=55441, kafka_port=29192, kafka_controller_port=29193)
+    config = DevStackConfig(
+        state_dir=tmp_root,
+        postgres_port=55441,
+        kafka_port=29192,
+        kafka_controller_port=29193,
+        clickhouse_port=28123,
+        schema_registry_port=28081,
+    )
     up(config)
     try:
         yield Services(
             postgres_dsn=f"postgresql://cdcsync@127.0.0.1:{config.postgres_port}/cdcsync",
             bootstrap_servers=f"127.0.0.1:{config.kafka_port}",
+            clickhouse_url=f"http://default@127.0.0.1:{config.clickhouse_port}",
+            schema_registry_url=f"http://127.0.0.1:{config.schema_registry_port}",
         )
     finally:
         down(config)
 
 
 def _containers() -> Iterator[Services]:
+    from testcontainers.community.clickhouse import ClickHouseContainer
     from testcontainers.community.kafka import KafkaContainer
     from testcontainers.community.postgres import PostgresContainer
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+    from testcontainers.core.wait_strategies import HttpWaitStrategy
 
     postgres = PostgresContainer(POSTGRES_IMAGE, username="cdcsync", password="cdcsync", dbname="cdcsync", driver=None)
     postgres.with_command("postgres -c wal_level=logical")
-    kafka = KafkaContainer(KAFKA_IMAGE).with_kraft()
-    with postgres, kafka:
-        yield Services(postgres_dsn=postgres.get_connection_url(), bootstrap_servers=kafka.get_bootstrap_server())
+    # The registry keeps its schemas in Kafka: both join one network, where the broker's internal listener
+    # (BROKER, port 9092, advertised by container IP) is reachable under the alias "kafka".
+    network = Network()
+    kafka = KafkaContainer(KAFKA_IMAGE).with_kraft().with_network(network).with_network_aliases("kafka")
+    registry = (
+        DockerContainer(SCHEMA_REGISTRY_IMAGE)
+        .with_network(network)
+        .with_network_aliases("schema-registry")
+        .with_env("SCHEMA_REGISTRY_HOST_NAME", "schema-registry")
+        .with_env("SCHEMA_REGISTRY_LISTENERS", "http://0.0.0.0:8081")
+        .with_env("SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS", "PLAINTEXT://kafka:9092")
+        .with_exposed_ports(8081)
+        .waiting_for(HttpWaitStrategy(8081, "/subjects").for_status_code(200).with_startup_timeout(180))
+    )
+    clickhouse = ClickHouseContainer(CLICKHOUSE_IMAGE, username="cdcsync", password="cdcsync", dbname="cdcsync")
+    with network, postgres, kafka, clickhouse, registry:
+        registry_url = f"http://{registry.get_container_host_ip()}:{registry.get_exposed_port(8081)}"
+        http_port = clickhouse.get_exposed_port(8123)  # the container's get_connection_url() is the native port
+        yield Services(
+            postgres_dsn=postgres.get_connection_url(),
+            bootstrap_servers=kafka.get_bootstrap_server(),
+            clickhouse_url=f"http://cdcsync:cdcsync@{clickhouse.get_container_host_ip()}:{http_port}",
+            schema_registry_url=registry_url,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +121,12 @@ def services() -> Iterator[Services]:
     given_dsn = os.environ.get("CDCSYNC_TEST_POSTGRES_DSN")
     given_kafka = os.environ.get("CDCSYNC_TEST_KAFKA_BOOTSTRAP")
     if given_dsn and given_kafka:
-        yield Services(given_dsn, given_kafka)
+        yield Services(
+            given_dsn,
+            given_kafka,
+            os.environ.get("CDCSYNC_TEST_CLICKHOUSE_URL", ""),
+            schema_registry_url=os.environ.get("CDCSYNC_TEST_SCHEMA_REGISTRY_URL", ""),
+        )
     elif os.environ.get("CDCSYNC_TEST_STACK") == "containers":
         yield from _containers()
     else:
@@ -101,6 +154,72 @@ def postgres_dsn(services: Services) -> Iterator[str]:
     finally:
         with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@dataclass(frozen=True)
+class ClickHouseDatabase:
+    """A database of its own for one test, on the session's ClickHouse."""
+
+    url: str
+    """The server, as a clickhouse-connect DSN (no database in it)."""
+    database: str
+
+    def client(self, **kwargs: Any) -> Any:
+        """A clickhouse-connect client whose default database is this one; ``kwargs`` go to ``get_client``."""
+        import clickhouse_connect
+
+        return clickhouse_connect.get_client(dsn=self.url, database=self.database, **kwargs)
+
+
+@pytest.fixture()
+def clickhouse_database(services: Services) -> Iterator[ClickHouseDatabase]:
+    """A fresh, empty ClickHouse database per test, dropped afterwards."""
+    import clickhouse_connect
+
+    if not services.clickhouse_url:
+        pytest.fail(
+            "CDCSYNC_TEST_POSTGRES_DSN and CDCSYNC_TEST_KAFKA_BOOTSTRAP are set but CDCSYNC_TEST_CLICKHOUSE_URL is "
+            "not: set it too (`cdcsync dev env` prints the dev stack's CDCSYNC__CLICKHOUSE__URL)"
+        )
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = clickhouse_connect.get_client(dsn=services.clickhouse_url)
+    try:
+        admin.command(f"CREATE DATABASE `{name}`")
+        yield ClickHouseDatabase(url=services.clickhouse_url, database=name)
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS `{name}` SYNC")
+        admin.close()
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The session's schema registry: ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``, else the one of ``services``, else
+    (services given without a registry) the dev stack's stand-in alone, on a free port in a temporary directory."""
+    given = os.environ.get("CDCSYNC_TEST_SCHEMA_REGISTRY_URL")
+    if given:
+        yield given
+        return
+    services: Services = request.getfixturevalue("services")
+    if services.schema_registry_url:
+        yield services.schema_registry_url
+        return
+    from cdcsync.devstack import DevStackConfig, schema_registry
+
+    state_dir = Path(tempfile.mkdtemp(prefix="cdcsync-test-registry-"))
+    config = DevStackConfig(state_dir=state_dir, schema_registry_port=_free_port())
+    schema_registry.start(config)
+    try:
+        schema_registry.wait_ready(config, 30)
+        yield schema_registry.url(config)
+    finally:
+        schema_registry.stop(config)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture()

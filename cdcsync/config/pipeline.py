@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 from cdcsync.errors import ConfigError
 
@@ -52,7 +53,8 @@ class KafkaSource(_Model):
 
     type: Literal["kafka"]
     topic: str = Field(min_length=1)
-    format: Literal["json"] = "json"
+    format: Literal["json", "avro"] = "json"
+    """``avro``: the Confluent wire format, writer schemas fetched by id from the schema registry."""
     primary_key: list[str] | None = None
     columns: dict[str, str] = Field(min_length=1)
     on_decode_error: Literal["dlq", "fail"] = "dlq"
@@ -88,9 +90,79 @@ class PostgresSink(_Model):
     _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
 
 
+class GroupColumn(_Model):
+    """One ``group_by`` entry: a column of the aggregation table's key."""
+
+    from_: str | None = Field(default=None, alias="from", min_length=1)
+    """The input column; defaults to the entry's name."""
+    type: str | None = None
+    """Postgres type of the key column; defaults to the input column's type."""
+
+
+AggregateFunction = Literal["sum", "count", "avg", "min", "max"]
+
+
+class AggregateColumn(_Model):
+    """One ``aggregate`` entry: a column of the aggregation table kept by the triggers."""
+
+    fn: AggregateFunction
+    from_: str | None = Field(default=None, alias="from", min_length=1)
+    """The input column; defaults to the entry's name, except that ``count`` without ``from`` counts rows."""
+    type: str | None = None
+    """Postgres type of the stored value; defaults to the type Postgres' own aggregate function returns."""
+
+
+def _as_group_mapping(value: Any) -> Any:
+    """``group_by: [a, b]`` and ``group_by: {a: }`` are shorthands for ``{a: {}, b: {}}``."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        return {name: {} for name in value}
+    if isinstance(value, dict):
+        return {name: {} if entry is None else entry for name, entry in value.items()}
+    return value
+
+
+class PostgresAggregateSink(_Model):
+    """Streamling's ``postgres_aggregate``: a keyed landing table plus an aggregation table kept by triggers.
+
+    The landing table is a hard-delete mirror written through the same ledgered merge as ``type: postgres``;
+    statement-level triggers on it maintain ``agg_table`` (see ``templates/postgres/aggregate.sql.j2``).
+    """
+
+    type: Literal["postgres_aggregate"]
+    from_: str = Field(alias="from", min_length=1)
+    schema_: str = Field(default="public", alias="schema", min_length=1)
+    landing_table: str = Field(min_length=1)
+    agg_table: str = Field(min_length=1)
+    primary_key: list[str] | None = None
+    group_by: dict[str, GroupColumn] = Field(default_factory=dict)
+    aggregate: dict[str, AggregateColumn] = Field(min_length=1)
+    empty_groups: Literal["delete", "keep"] = "delete"
+    batch_size: int | None = Field(default=None, gt=0)
+    """Accepted for Streamling compatibility; each micro-batch is merged as one transaction whatever its size."""
+    batch_flush_interval: str | None = None
+    """Accepted for Streamling compatibility; the stream's trigger decides when a micro-batch is merged."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+    _normalise_groups = field_validator("group_by", mode="before")(_as_group_mapping)
+
+    @property
+    def table(self) -> str:
+        """The keyed table the ledgered merge writes: the landing table."""
+        return self.landing_table
+
+    @property
+    def delete_mode(self) -> Literal["hard"]:
+        """Landing rows are deleted when their source row is, so that the triggers retract them."""
+        return "hard"
+
+
+AnySink = PostgresSink | PostgresAggregateSink
+
 SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
-SINK_TYPES: dict[str, type[_Model]] = {"postgres": PostgresSink}
-PLANNED_SINK_TYPES = ("postgres_aggregate", "clickhouse", "dynamic_table", "delta", "print")
+SINK_TYPES: dict[str, type[_Model]] = {"postgres": PostgresSink, "postgres_aggregate": PostgresAggregateSink}
+PLANNED_SINK_TYPES = ("clickhouse", "dynamic_table", "delta", "print")
 PLANNED_TRANSFORM_TYPES = ("sql", "dynamic_table")
 
 
@@ -98,19 +170,19 @@ class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
     transforms: dict[str, Any] = Field(default_factory=dict)
-    sinks: dict[str, PostgresSink]
+    sinks: dict[str, AnySink]
     path: Path | None = Field(default=None, exclude=True)
 
-    def source_of(self, sink: PostgresSink) -> KafkaSource:
+    def source_of(self, sink: AnySink) -> KafkaSource:
         return self.sources[sink.from_]
 
-    def sink_primary_key(self, sink: PostgresSink) -> list[str]:
+    def sink_primary_key(self, sink: AnySink) -> list[str]:
         """The sink's key: its own ``primary_key``, else its source's (validation guarantees one exists)."""
         key = sink.primary_key or self.source_of(sink).primary_key
         assert key is not None, "validated pipelines always have a sink key"
         return key
 
-    def sinks_of(self, source_id: str) -> dict[str, PostgresSink]:
+    def sinks_of(self, source_id: str) -> dict[str, AnySink]:
         return {sink_id: sink for sink_id, sink in self.sinks.items() if sink.from_ == source_id}
 
 
@@ -142,7 +214,7 @@ def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseMode
         elif kind == "missing":
             message = "required key is missing"
         elif kind == "literal_error":
-            expected = item.get("ctx", {}).get("expected", "")
+            expected = str(item.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
             message = f"{item['input']!r} is not one of {expected}"
         else:
             message = item["msg"].removeprefix("Value error, ")
@@ -206,14 +278,22 @@ def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> N
 def _check_sink(
     pipeline_name: str,
     sink_id: str,
-    sink: PostgresSink,
+    sink: AnySink,
     sources: dict[str, KafkaSource],
     declared_sources: set[str],
     problems: list[str],
 ) -> None:
     where = _path("sinks", sink_id)
     _check_identifier(f"{where}.schema", sink.schema_, problems)
-    _check_identifier(f"{where}.table", sink.table, problems)
+    if isinstance(sink, PostgresAggregateSink):
+        _check_identifier(f"{where}.landing_table", sink.landing_table, problems)
+        _check_identifier(f"{where}.agg_table", sink.agg_table, problems)
+        for name in [*sink.group_by, *sink.aggregate]:
+            _check_identifier(f"{where}.{'group_by' if name in sink.group_by else 'aggregate'}.{name}", name, problems)
+        if sink.landing_table == sink.agg_table:
+            problems.append(f"{where}.agg_table: must differ from landing_table ('{sink.landing_table}')")
+    else:
+        _check_identifier(f"{where}.table", sink.table, problems)
     if sink.from_ in declared_sources and sink.from_ not in sources:
         return  # the source itself is invalid and already reported
     if sink.from_ not in sources:
@@ -239,10 +319,19 @@ def _check_sink(
             )
     if len(set(key)) != len(key):
         problems.append(f"{where}.primary_key: a column is listed twice")
+    if isinstance(sink, PostgresAggregateSink):
+        problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, source).problems)
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     _check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
         problems.append(f"{where}: pipeline name plus sink id is too long for the internal staging table names")
+
+
+def _target_tables(sink: AnySink) -> list[tuple[str, str]]:
+    """(YAML key, table name) of every table in ``sink.schema`` the sink owns."""
+    if isinstance(sink, PostgresAggregateSink):
+        return [("landing_table", sink.landing_table), ("agg_table", sink.agg_table)]
+    return [("table", sink.table)]
 
 
 def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
@@ -265,7 +354,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
         problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
 
     sources: dict[str, KafkaSource] = {}
-    sinks: dict[str, PostgresSink] = {}
+    sinks: dict[str, AnySink] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
         ("sinks", SINK_TYPES, PLANNED_SINK_TYPES, sinks),
@@ -302,12 +391,13 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
     seen_tables: dict[tuple[str, str], str] = {}
     for sink_id, sink in sinks.items():
         _check_sink(str(name), sink_id, sink, sources, declared_sources, problems)
-        target = (sink.schema_, sink.table)
-        if target in seen_tables:
-            owner = seen_tables[target]
-            table = f"{sink.schema_}.{sink.table}"
-            problems.append(f"sinks.{sink_id}.table: {table} is already the target of sink '{owner}'")
-        seen_tables[target] = sink_id
+        for key, table in _target_tables(sink):
+            if (sink.schema_, table) in seen_tables:
+                owner = seen_tables[(sink.schema_, table)]
+                problems.append(
+                    f"sinks.{sink_id}.{key}: {sink.schema_}.{table} is already the target of sink '{owner}'"
+                )
+            seen_tables[(sink.schema_, table)] = sink_id
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")

@@ -5,8 +5,8 @@ flags. Nesting uses ``__`` (``CDCSYNC__POSTGRES__DSN``, ``CDCSYNC__KAFKA__OPTION
 Kubernetes secrets and 12-factor deployments expect. When nothing is set, every connection points at the local
 dev stack (``cdcsync dev up``), so a new user needs no configuration at all.
 
-Secrets (the Postgres DSN may hold a password) are ``SecretStr``: they never show in ``repr`` or logs; use
-:func:`redact_dsn` to display a DSN.
+Secrets (the Postgres DSN and the ClickHouse URL may hold a password) are ``SecretStr``: they never show in
+``repr`` or logs; use :func:`redact_dsn` to display a DSN or URL.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class DevStackSettings(_Section):
     postgres_port: int = 54329
     kafka_port: int = 19092
     kafka_controller_port: int = 19093
+    clickhouse_port: int = 18123
+    schema_registry_port: int = 18081
 
 
 class KafkaSettings(_Section):
@@ -56,7 +58,22 @@ class KafkaSettings(_Section):
 
 
 class SchemaRegistrySettings(_Section):
-    url: str = "http://127.0.0.1:18081"
+    """The Confluent-compatible registry that ``format: avro`` sources fetch writer schemas from."""
+
+    url: str | None = None
+    """Defaults to the dev stack's stand-in. May hold ``user:password@``, so it is shown only redacted."""
+    basic_auth_user_info: SecretStr | None = None
+    """``user:password`` for HTTP basic auth (the client's ``basic.auth.user.info``); never logged."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """Native ``SchemaRegistryClient`` keys (``ssl.ca.location`` ...), verbatim; ``_`` maps to ``.`` as for Kafka."""
+    retry_timeout_s: float = Field(default=60.0, gt=0)
+    """How long executors retry an unreachable registry (connection refused, HTTP 5xx) before the message is
+    handled per ``on_decode_error``."""
+
+    @field_validator("options")
+    @classmethod
+    def _native_keys(cls, options: dict[str, str]) -> dict[str, str]:
+        return {key if "." in key else key.replace("_", "."): value for key, value in options.items()}
 
 
 class PostgresSettings(_Section):
@@ -64,7 +81,9 @@ class PostgresSettings(_Section):
 
 
 class ClickHouseSettings(_Section):
-    url: str = "http://127.0.0.1:18123"
+    url: SecretStr | None = None
+    """ClickHouse HTTP(S) interface, ``http://user:password@host:8123[/database]`` as clickhouse-connect's
+    ``get_client(dsn=...)`` takes it. A secret (it may hold a password); defaults to the dev stack's server."""
 
 
 class SparkSettings(_Section):
@@ -95,8 +114,12 @@ class Settings(BaseSettings):
     def _default_to_dev_stack(self) -> Settings:
         if self.kafka.bootstrap_servers is None:
             self.kafka.bootstrap_servers = f"127.0.0.1:{self.devstack.kafka_port}"
+        if self.schema_registry.url is None:
+            self.schema_registry.url = f"http://127.0.0.1:{self.devstack.schema_registry_port}"
         if self.postgres.dsn is None:
             self.postgres.dsn = SecretStr(f"postgresql://cdcsync@127.0.0.1:{self.devstack.postgres_port}/cdcsync")
+        if self.clickhouse.url is None:
+            self.clickhouse.url = SecretStr(f"http://default@127.0.0.1:{self.devstack.clickhouse_port}")
         return self
 
     @classmethod
@@ -120,9 +143,19 @@ class Settings(BaseSettings):
         return self.postgres.dsn.get_secret_value()
 
     @property
+    def clickhouse_url(self) -> str:
+        assert self.clickhouse.url is not None
+        return self.clickhouse.url.get_secret_value()
+
+    @property
     def bootstrap_servers(self) -> str:
         assert self.kafka.bootstrap_servers is not None
         return self.kafka.bootstrap_servers
+
+    @property
+    def schema_registry_url(self) -> str:
+        assert self.schema_registry.url is not None
+        return self.schema_registry.url
 
     def checkpoint_dir(self, pipeline: str, source: str) -> Path:
         return self.state_dir.resolve() / "checkpoints" / pipeline / source

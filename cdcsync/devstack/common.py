@@ -32,6 +32,8 @@ class DevStackConfig:
     postgres_port: int = 54329
     kafka_port: int = 19092
     kafka_controller_port: int = 19093
+    clickhouse_port: int = 18123
+    schema_registry_port: int = 18081
     startup_timeout_s: float = 120.0
     maven_cache_dir: Path | None = None
 
@@ -103,10 +105,17 @@ def process_command_line(pid: int) -> str | None:
     proc = Path(f"/proc/{pid}")
     if Path("/proc/self").exists():
         try:
-            stat = (proc / "stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return None
-            return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            # The command line reads empty while a just-spawned child is still inside execve (Popen can return
+            # before the new image's arguments are in place) and while a process exits: wait for either to settle.
+            for _ in range(100):
+                stat = (proc / "stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return None
+                cmdline = (proc / "cmdline").read_bytes()
+                if cmdline:
+                    return cmdline.replace(b"\0", b" ").decode(errors="replace")
+                time.sleep(0.01)
+            return ""
         except (OSError, IndexError):
             return None
     try:  # macOS and friends: no /proc

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cdcsync.devstack import kafka, postgres
+from cdcsync.devstack import clickhouse, kafka, postgres, schema_registry
 from cdcsync.devstack.common import DevStackConfig, ServiceStatus
 
 
@@ -30,6 +30,14 @@ class _Service:
 SERVICES: tuple[_Service, ...] = (
     _Service(postgres.NAME, postgres.status, postgres.start, postgres.wait_ready, postgres.stop),
     _Service(kafka.NAME, kafka.status, kafka.start, kafka.wait_ready, kafka.stop),
+    _Service(
+        schema_registry.NAME,
+        schema_registry.status,
+        schema_registry.start,
+        schema_registry.wait_ready,
+        schema_registry.stop,
+    ),
+    _Service(clickhouse.NAME, clickhouse.status, clickhouse.start, clickhouse.wait_ready, clickhouse.stop),
 )
 
 
@@ -81,5 +89,7 @@ def env_lines(cfg: DevStackConfig) -> list[str]:
     values = {
         "CDCSYNC__POSTGRES__DSN": postgres.dsn(cfg),
         "CDCSYNC__KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers(cfg),
+        "CDCSYNC__SCHEMA_REGISTRY__URL": schema_registry.url(cfg),
+        "CDCSYNC__CLICKHOUSE__URL": clickhouse.url(cfg),
     }
     return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]

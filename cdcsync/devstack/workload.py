@@ -324,10 +324,10 @@ class _KeyPool:
         return self.items[rng.randrange(len(self.items))]
 
 
-def _random_row(rng: random.Random, key_id: int, when: datetime) -> dict[str, Any]:
+def _random_row(rng: random.Random, key_id: int, when: datetime, customers: int = 500) -> dict[str, Any]:
     return {
         "id": key_id,
-        "customer_id": rng.randint(1, 500),
+        "customer_id": rng.randint(1, customers),
         "amount": _random_amount(rng),
         "status": rng.choice(STATUSES[:2]),
         "Note": rng.choice(NOTES) if rng.random() < 0.5 else None,
@@ -345,13 +345,13 @@ def _random_amount(rng: random.Random) -> Decimal | None:
     return Decimal(cents).scaleb(-AMOUNT_SCALE)
 
 
-def _updated_row(rng: random.Random, old: Mapping[str, Any], when: datetime) -> dict[str, Any]:
+def _updated_row(rng: random.Random, old: Mapping[str, Any], when: datetime, customers: int = 500) -> dict[str, Any]:
     row = dict(old)
     row["status"] = rng.choice(STATUSES)
     if rng.random() < 0.5:
         row["amount"] = _random_amount(rng)
     if rng.random() < 0.1:
-        row["customer_id"] = rng.randint(1, 500)
+        row["customer_id"] = rng.randint(1, customers)
     if rng.random() < 0.3:
         row["Note"] = rng.choice(NOTES) if rng.random() < 0.7 else None
     row["updated_at"] = when
@@ -372,12 +372,14 @@ def generate(
     table: str = ORDERS_TABLE,
     start: datetime = DEFAULT_START,
     start_lsn: int = DEFAULT_START_LSN,
+    customers: int = 500,
 ) -> Workload:
     """``changes`` change events over ids ``1..keys``, and the live rows they leave behind.
 
     Each event is an insert of a key that is not live (a never-seen or a deleted one), an update of a live key
     or a delete of a live key, drawn by ``mix``. When every key is live an insert becomes an update, and when
     none is live an update or delete becomes an insert, so with few keys the mix drifts towards updates.
+    ``customer_id`` is drawn from ``1..customers``: the groups of an aggregation.
     """
     if changes < 0 or keys < 1:
         raise ValueError("changes must be >= 0 and keys >= 1")
@@ -413,12 +415,12 @@ def generate(
             key_id = free_pool.choice(rng)
             free_pool.remove(key_id)
             live_pool.add(key_id)
-            before, after = None, _random_row(rng, key_id, when)
+            before, after = None, _random_row(rng, key_id, when, customers)
             live[key_id] = after
         elif op == "u":
             key_id = live_pool.choice(rng)
             old = live[key_id]
-            before, after = (old if replica_identity_full else None), _updated_row(rng, old, when)
+            before, after = (old if replica_identity_full else None), _updated_row(rng, old, when, customers)
             live[key_id] = after
         else:
             key_id = live_pool.choice(rng)

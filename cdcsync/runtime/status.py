@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cdcsync.config.pipeline import Pipeline
+from cdcsync.config.pipeline import Pipeline, PostgresAggregateSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.errors import ServiceError
 from cdcsync.sql.render import render
@@ -108,12 +108,14 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
                     render("postgres/runtime/ledger_last_batch.sql.j2"),
                     {"pipeline": pipeline.name, "sink": sink_id},
                 ).fetchone()
-                count_sql = render("postgres/runtime/count_rows.sql.j2", target=(sink.schema_, sink.table))
+                # What users read: the mirror, or an aggregate sink's aggregation table (rows = groups).
+                table = sink.agg_table if isinstance(sink, PostgresAggregateSink) else sink.table
+                count_sql = render("postgres/runtime/count_rows.sql.j2", target=(sink.schema_, table))
                 rows = conn.execute(count_sql).fetchone()
                 sinks.append(
                     SinkStatus(
                         sink_id,
-                        f"{sink.schema_}.{sink.table}",
+                        f"{sink.schema_}.{table}",
                         last[0] if last else None,
                         last[1] if last else None,
                         int(rows[0]) if rows else 0,

@@ -35,6 +35,7 @@ from cdcsync.pipeline.batch import land_batch
 from cdcsync.runtime.dbretry import with_retries
 from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask, spark_kafka_options
 
@@ -97,13 +98,14 @@ class BatchHandler:
         dsn: str,
         checkpoint_dir: Path,
         spark_context: SparkContext,
+        schema_registry: SchemaRegistryAccess | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.source_id = source_id
         self.source = source
         self.sinks = sinks
         self.checkpoint_dir = checkpoint_dir
-        self.spec = DecodeSpec.from_source(source_id, source)
+        self.spec = DecodeSpec.from_source(source_id, source, schema_registry)
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.spark_context = spark_context
         self.stats = SourceStats()
@@ -227,7 +229,14 @@ class PipelineRunner:
             for sink_id, sink in self.pipeline.sinks_of(source_id).items()
         }
         handler = BatchHandler(
-            self.pipeline, source_id, source, sinks, self.settings.postgres_dsn, checkpoint_dir, spark.sparkContext
+            self.pipeline,
+            source_id,
+            source,
+            sinks,
+            self.settings.postgres_dsn,
+            checkpoint_dir,
+            spark.sparkContext,
+            schema_registry=SchemaRegistryAccess.from_settings(self.settings),
         )
         self.handlers[source_id] = handler
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import Pipeline, PostgresSink
+from cdcsync.config.pipeline import AnySink, Pipeline
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.runtime.executor_errors import task_failure
@@ -97,7 +97,7 @@ def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:
 class PostgresUpsertSink:
     """Driver side of one ``type: postgres`` sink."""
 
-    def __init__(self, pipeline: Pipeline, sink_id: str, sink: PostgresSink, dsn: str) -> None:
+    def __init__(self, pipeline: Pipeline, sink_id: str, sink: AnySink, dsn: str) -> None:
         self.pipeline = pipeline
         self.sink_id = sink_id
         self.sink = sink

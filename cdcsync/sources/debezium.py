@@ -7,6 +7,9 @@ null, ``_cdc_topic`` / ``_cdc_partition`` / ``_cdc_offset`` set, ``_dlq_reason``
 ``_dlq_key`` / ``_dlq_value`` holding the raw bytes. Good rows have the three ``_dlq_*`` columns null.
 Tombstones (null values) produce no row at all.
 
+``format: avro`` specs go to :mod:`cdcsync.sources.avro`, which feeds Avro values into this module's converters
+and row decoder, so both formats produce identical rows and dead letters.
+
 Both JsonConverter shapes are understood: ``{"schema": ..., "payload": ...}`` (``schemas.enable=true``; the
 schema's logical type names and parameters decide how a value is read, e.g. the scale of a Connect ``Decimal``)
 and the bare payload (``schemas.enable=false``; values are read by the declared Postgres type alone).
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from cdcsync.config.pipeline import KafkaSource
+    from cdcsync.sources.avro import SchemaRegistryAccess
 
 try:  # orjson is ~3x faster than the standard library; both give the same Python values for valid JSON.
     import orjson as _orjson
@@ -146,11 +150,24 @@ class DecodeSpec:
     columns: tuple[tuple[str, PgType], ...]
     primary_key: tuple[str, ...] | None = None
     """Key columns; ``None`` takes them from the fields of the Kafka message key."""
+    format: str = "json"
+    """``json`` (JsonConverter, this module) or ``avro`` (Confluent wire format, :mod:`cdcsync.sources.avro`)."""
+    schema_registry: SchemaRegistryAccess | None = None
+    """Where ``avro`` writer schemas come from (its secrets stay out of ``repr``); None for ``json``."""
 
     @classmethod
-    def from_source(cls, source_id: str, source: KafkaSource) -> DecodeSpec:
+    def from_source(
+        cls, source_id: str, source: KafkaSource, schema_registry: SchemaRegistryAccess | None = None
+    ) -> DecodeSpec:
         primary_key = tuple(source.primary_key) if source.primary_key else None
-        return cls(source_id=source_id, columns=tuple(source.column_types().items()), primary_key=primary_key)
+        return cls(
+            source_id=source_id,
+            columns=tuple(source.column_types().items()),
+            primary_key=primary_key,
+            format=source.format,
+            # Only Avro sources carry the registry (and its credentials) to the executors.
+            schema_registry=schema_registry if source.format == "avro" else None,
+        )
 
 
 def _quote_ddl(name: str) -> str:
@@ -207,6 +224,11 @@ def output_arrow_schema(spec: DecodeSpec) -> pa.Schema:
 def decode_batches(batches: Iterator[pa.RecordBatch], spec: DecodeSpec) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: Kafka source batches (key, value, topic, partition, offset, timestamp, ...) in,
     decoded change rows and dead letters out (schema :func:`output_arrow_schema`). Never raises for bad input."""
+    if spec.format == "avro":
+        from cdcsync.sources.avro import decode_avro_batches
+
+        yield from decode_avro_batches(batches, spec)
+        return
     plan = _plan_for(spec)
     for batch in batches:
         if batch.num_rows == 0:
@@ -583,8 +605,8 @@ def _bytea_converter(pg: PgType) -> Converter:
                 return _b64(value)
             except (ValueError, binascii.Error):
                 raise _bad(value, "bytea", "expected base64 as JsonConverter writes bytes") from None
-        if value is None:
-            return None
+        if value is None or type(value) is bytes:  # bytes: Avro, already binary
+            return value
         raise _bad(value, "bytea", "expected a base64 string")
 
     return convert
@@ -1285,4 +1307,10 @@ class _Plan:
 
 @lru_cache(maxsize=64)
 def _plan_for(spec: DecodeSpec) -> _Plan:
+    if spec.format == "avro":
+        from cdcsync.sources.avro import AvroPlan
+
+        return AvroPlan(spec)
+    if spec.format != "json":
+        raise DecodeError(f"source '{spec.source_id}': format '{spec.format}' is not one of json, avro")
     return _Plan(spec)

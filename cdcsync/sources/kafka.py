@@ -30,7 +30,6 @@ DECODER_INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timest
 decoding the JSON itself, and the JSON envelope carries everything the decoder needs."""
 
 
-
 FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.max.bytes": str(64 << 20)}
 """Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
 

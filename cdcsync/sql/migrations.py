@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import cdcsync
+from cdcsync.config.aggregate import resolve as resolve_aggregation
+from cdcsync.config.pipeline import PostgresAggregateSink
 from cdcsync.errors import CdcsyncError, MigrationError, ServiceError
 from cdcsync.sql import names
 from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, render
@@ -42,7 +44,7 @@ from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, rende
 if TYPE_CHECKING:
     import psycopg
 
-    from cdcsync.config.pipeline import Pipeline
+    from cdcsync.config.pipeline import KafkaSource, Pipeline
 
 DATABASE = "postgres"
 STATE_FORMAT = 1
@@ -77,13 +79,12 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
                                      "tombstone_table": "shop__orders_mirror__tombstones"}}}
 
     Columns keep the source's declaration order; types are canonical (``parse_pg_type(...).sql``);
-    ``tombstone_table`` is null in soft delete mode. Only ``postgres`` sinks have Postgres objects.
+    ``tombstone_table`` is null in soft delete mode. A ``postgres_aggregate`` sink's ``table`` is its landing
+    table, and its entry has an ``aggregate`` key as well (see :func:`_aggregate_state`).
     """
     sinks: dict[str, Any] = {}
     for sink_id in sorted(pipeline.sinks):
         sink = pipeline.sinks[sink_id]
-        if sink.type != "postgres":
-            continue
         source = pipeline.source_of(sink)
         sinks[sink_id] = {
             "schema": sink.schema_,
@@ -94,12 +95,61 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
             "stage_table": names.stage_table(pipeline.name, sink_id),
             "tombstone_table": names.tombstone_table(pipeline.name, sink_id) if sink.delete_mode == "hard" else None,
         }
+        if isinstance(sink, PostgresAggregateSink):
+            sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, source)
     return {
         "format": STATE_FORMAT,
         "database": DATABASE,
         "pipeline": pipeline.name,
         "internal_schema": names.INTERNAL_SCHEMA,
         "sinks": sinks,
+    }
+
+
+def _aggregate_state(
+    pipeline_name: str, sink_id: str, sink: PostgresAggregateSink, source: KafkaSource
+) -> dict[str, Any]:
+    """What ``templates/postgres/aggregate.sql.j2`` renders for one ``postgres_aggregate`` sink.
+
+    ::
+
+        {"table": "revenue_by_customer", "empty_groups": "delete",
+         "group_by": [{"name": "customer_id", "source": "customer_id", "type": "bigint", "cast": false}],
+         "aggregates": [{"name": "revenue", "fn": "sum", "source": "amount", "type": "numeric(18,2)",
+                         "accumulator_type": "numeric(18,2)", "index": "revenue_by_customer__amount__minmax"}],
+         "empty_index": "revenue_by_customer__empty",
+         "functions": {"insert": "shop__revenue__agg_insert", "update": ..., "delete": ...}}
+
+    ``index`` (min and max only) names the landing-table index that makes recomputing a group's extreme an
+    index probe; aggregates of the same column share it.
+    """
+    resolved = resolve_aggregation(sink, source)
+    assert not resolved.problems, "validated pipelines resolve without problems"
+    aggregates = []
+    for aggregate in resolved.aggregates:
+        entry: dict[str, Any] = {
+            "name": aggregate.name,
+            "fn": aggregate.fn,
+            "source": aggregate.source,
+            "type": aggregate.type.sql,
+            "accumulator_type": aggregate.accumulator_type.sql if aggregate.accumulator_type else None,
+            "index": None,
+        }
+        if aggregate.fn in ("min", "max") and aggregate.source is not None:
+            entry["index"] = names.bounded(sink.agg_table, aggregate.source, "minmax")
+        aggregates.append(entry)
+    return {
+        "table": sink.agg_table,
+        "empty_groups": sink.empty_groups,
+        "group_by": [
+            {"name": group.name, "source": group.source, "type": group.type.sql, "cast": group.cast}
+            for group in resolved.group_by
+        ],
+        "aggregates": aggregates,
+        "empty_index": names.bounded(sink.agg_table, "empty") if sink.empty_groups == "delete" else None,
+        "functions": {
+            event: names.aggregate_function(pipeline_name, sink_id, event) for event in ("insert", "update", "delete")
+        },
     }
 
 
@@ -323,10 +373,10 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
                 f"{where}: primary key changed from ({', '.join(before['primary_key'])}) "
                 f"to ({', '.join(after['primary_key'])})"
             )
+        if before.get("aggregate") != after.get("aggregate"):
+            destructive.append(f"{where}: {_aggregate_change(before.get('aggregate'), after.get('aggregate'))}")
         if before["delete_mode"] != after["delete_mode"]:
-            destructive.append(
-                f"{where}: delete_mode changed from {before['delete_mode']} to {after['delete_mode']}"
-            )
+            destructive.append(f"{where}: delete_mode changed from {before['delete_mode']} to {after['delete_mode']}")
         if before.get("stage_table") != after["stage_table"]:
             destructive.append(
                 f"{where}: its staging table changed from {before.get('stage_table')!r} to {after['stage_table']!r}"
@@ -341,6 +391,16 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
         if added:
             changes.append(_Change("add_columns", sink_id, added))
     return changes, destructive
+
+
+def _aggregate_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    if before is None or after is None:
+        return "changed between type postgres and postgres_aggregate"
+    changed = [key for key in ("table", "group_by", "aggregates", "empty_groups") if before.get(key) != after.get(key)]
+    return (
+        f"its aggregation ({', '.join(changed) or 'definition'}) changed; the aggregation table "
+        f"{quote_ident(before['table'])} would have to be rebuilt from the landing table"
+    )
 
 
 def _apply_change(state: dict[str, Any], change: _Change, desired: dict[str, Any]) -> dict[str, Any]:
@@ -364,9 +424,16 @@ def _sink_what(sink_id: str, sink: dict[str, Any], internal_schema: str) -> list
         f"  unlogged table {quote_qualified(internal_schema, sink['stage_table'])}: its staging table",
     ]
     if sink["tombstone_table"]:
-        lines.append(
-            f"  table {quote_qualified(internal_schema, sink['tombstone_table'])}: its hard-deleted keys"
+        lines.append(f"  table {quote_qualified(internal_schema, sink['tombstone_table'])}: its hard-deleted keys")
+    aggregate = sink.get("aggregate")
+    if aggregate:
+        lines[1] = f"  table {mirror}: the landing table (current row per key)"
+        columns = ", ".join(
+            f"{a['fn']}({a['source'] or '*'}) as {quote_ident(a['name'])}" for a in aggregate["aggregates"]
         )
+        groups = ", ".join(quote_ident(g["name"]) for g in aggregate["group_by"]) or "everything (one row)"
+        lines.append(f"  table {quote_qualified(sink['schema'], aggregate['table'])}: {columns} grouped by {groups}")
+        lines.append(f"  statement triggers on {mirror} keeping it up to date, and their functions")
     return lines
 
 
@@ -399,13 +466,11 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
 
 
 def _render_sink(pipeline_name: str, sink_id: str, sink: dict[str, Any], internal_schema: str) -> str:
-    return render(
-        f"{DATABASE}/mirror_table.sql.j2",
-        pipeline=pipeline_name,
-        sink_id=sink_id,
-        sink=sink,
-        internal_schema=internal_schema,
-    )
+    values = {"pipeline": pipeline_name, "sink_id": sink_id, "sink": sink, "internal_schema": internal_schema}
+    sql = render(f"{DATABASE}/mirror_table.sql.j2", **values)
+    if sink.get("aggregate"):
+        sql += "\n" + render(f"{DATABASE}/aggregate.sql.j2", **values)
+    return sql
 
 
 def render_migration_file(
@@ -427,12 +492,16 @@ def render_migration_file(
     lines = [f"-- {comment_text(line)}" for line in header]
     lines.append(f"{CHECKSUM_PREFIX}{checksum}")
     lines.append(state_line(state))
-    trailer = TRAILER_MARKER + " record this file as applied (cdcsync migrate records it itself)\n" + render(
-        f"{DATABASE}/record_migration.sql.j2",
-        internal_schema=state["internal_schema"],
-        pipeline=pipeline_name,
-        filename=filename,
-        checksum=checksum,
+    trailer = (
+        TRAILER_MARKER
+        + " record this file as applied (cdcsync migrate records it itself)\n"
+        + render(
+            f"{DATABASE}/record_migration.sql.j2",
+            internal_schema=state["internal_schema"],
+            pipeline=pipeline_name,
+            filename=filename,
+            checksum=checksum,
+        )
     )
     return "\n".join(lines) + "\n" + section + trailer
 

@@ -7,6 +7,7 @@ filter: ``{{ internal_schema | qualified(stage_table) }}``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 INTERNAL_SCHEMA = "cdcsync"
@@ -47,3 +48,21 @@ def stage_columns(business_columns: Sequence[str]) -> list[str]:
 def tombstone_columns(primary_key: Sequence[str]) -> list[str]:
     """Column order of a tombstone table."""
     return [*primary_key, VERSION_COLUMN]
+
+
+def aggregate_function(pipeline: str, sink_id: str, event: str) -> str:
+    """The plpgsql function behind a ``postgres_aggregate`` sink's statement trigger for ``event``."""
+    return f"{pipeline}__{sink_id}__agg_{event}"
+
+
+def bounded(*parts: str) -> str:
+    """``parts`` joined by ``__``, shortened with a stable hash suffix when longer than Postgres' 63 bytes.
+
+    For names of indexes cdcsync creates in a user's schema: readable when they fit, unique when they do not.
+    """
+    name = "__".join(parts)
+    if len(name.encode()) <= 63:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    head = name.encode()[:54].decode(errors="ignore")
+    return f"{head}_{digest}"

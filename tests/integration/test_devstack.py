@@ -1,4 +1,4 @@
-"""The dev stack against the real thing: Postgres from the wheel, a KRaft Kafka broker on the local JVM.
+"""The dev stack against the real thing: Postgres from the wheel, a KRaft Kafka broker on the local JVM, chDB.
 
 Ports are picked free at run time so that a developer's own ``cdcsync dev up`` (default ports) keeps running.
 The tests in this module share one stack and run in order; the last one takes it down.
@@ -36,12 +36,14 @@ def _free_ports(count: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackConfig]:
-    pg, broker, controller = _free_ports(3)
+    pg, broker, controller, clickhouse, registry = _free_ports(5)
     config = DevStackConfig(
         state_dir=tmp_path_factory.mktemp("devstack-state"),
         postgres_port=pg,
         kafka_port=broker,
         kafka_controller_port=controller,
+        clickhouse_port=clickhouse,
+        schema_registry_port=registry,
     )
     try:
         yield config
@@ -115,18 +117,30 @@ def test_kafka_round_trip(cfg: DevStackConfig, first_up: dict[str, int]) -> None
         consumer.close()
 
 
+def test_clickhouse_answers_over_http(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=f"http://default@127.0.0.1:{cfg.clickhouse_port}")
+    assert client.ping()
+    assert client.command("SELECT version()").startswith("2")
+    client.command("CREATE TABLE IF NOT EXISTS default.kept (x UInt8) ENGINE = MergeTree ORDER BY x")
+    client.close()
+
+
 def test_up_is_idempotent(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
     again = up(cfg)
     assert {name: s.pid for name, s in again.items()} == first_up
     assert not any(s.started for s in again.values())
-    assert {name: s.state for name, s in status(cfg).items()} == {"postgres": "running", "kafka": "running"}
+    states = {name: s.state for name, s in status(cfg).items()}
+    assert {"postgres", "kafka", "clickhouse"} <= states.keys()
+    assert set(states.values()) == {"running"}, states
 
 
 def test_env_lines(cfg: DevStackConfig) -> None:
-    assert env_lines(cfg) == [
-        f"export CDCSYNC__POSTGRES__DSN=postgresql://cdcsync@127.0.0.1:{cfg.postgres_port}/cdcsync",
-        f"export CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:{cfg.kafka_port}",
-    ]
+    lines = env_lines(cfg)
+    assert f"export CDCSYNC__POSTGRES__DSN=postgresql://cdcsync@127.0.0.1:{cfg.postgres_port}/cdcsync" in lines
+    assert f"export CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:{cfg.kafka_port}" in lines
+    assert f"export CDCSYNC__CLICKHOUSE__URL=http://default@127.0.0.1:{cfg.clickhouse_port}" in lines
 
 
 def test_down_stops_what_it_started(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
@@ -139,7 +153,9 @@ def test_down_stops_what_it_started(cfg: DevStackConfig, first_up: dict[str, int
         assert not cfg.pid_file(name).exists()
     assert not port_open(cfg.postgres_port)
     assert not port_open(cfg.kafka_port)
+    assert not port_open(cfg.clickhouse_port)
     assert {s.state for s in status(cfg).values()} == {"stopped"}
     # Nothing left to stop: a second down is a no-op, not an error.
     assert all(s.state == "stopped" for s in down(cfg).values())
     assert Path(cfg.root / "postgres" / "data" / "PG_VERSION").is_file()
+    assert any((cfg.root / "clickhouse" / "data" / "metadata" / "default").glob("kept*"))

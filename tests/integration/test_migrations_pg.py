@@ -30,8 +30,13 @@ def weird_raw() -> dict[str, Any]:
         },
         "sinks": {
             "mirror": {"type": "postgres", "from": "orders", "schema": "User Table", "table": 'we"ird'},
-            "Soft One": {"type": "postgres", "from": "orders", "schema": "order", "table": "select",
-                         "delete_mode": "soft"},
+            "Soft One": {
+                "type": "postgres",
+                "from": "orders",
+                "schema": "order",
+                "table": "select",
+                "delete_mode": "soft",
+            },
         },
     }
 
@@ -94,10 +99,19 @@ def test_apply_creates_the_quoted_tables(conn: psycopg.Connection[Any], tmp_path
     ]
     assert [c[0] for c in columns_of(conn, "order", "select")][-1] == "_cdc_deleted"
     assert [c[0] for c in columns_of(conn, "cdcsync", "shop__mirror__stage")] == [
-        "_batch_id", "order", 'we"ird', "select", "User Table", "_cdc_op", "_cdc_version", "_cdc_ts"
+        "_batch_id",
+        "order",
+        'we"ird',
+        "select",
+        "User Table",
+        "_cdc_op",
+        "_cdc_version",
+        "_cdc_ts",
     ]
     assert [c[0] for c in columns_of(conn, "cdcsync", "shop__mirror__tombstones")] == [
-        "order", 'we"ird', "_cdc_version"
+        "order",
+        'we"ird',
+        "_cdc_version",
     ]
     assert columns_of(conn, "cdcsync", "shop__Soft One__tombstones") == []
     for table in ("schema_migrations", "batch_ledger", "dead_letters"):

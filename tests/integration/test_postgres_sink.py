@@ -42,7 +42,15 @@ def pipeline(delete_mode: str) -> Pipeline:
                     "columns": {"id": "bigint", "Name": "text", "amount": "numeric(12,2)", "blob": "bytea"},
                 }
             },
-            "sinks": {"m": {"type": "postgres", "from": "s", "schema": "My App", "table": "select", "delete_mode": delete_mode}},
+            "sinks": {
+                "m": {
+                    "type": "postgres",
+                    "from": "s",
+                    "schema": "My App",
+                    "table": "select",
+                    "delete_mode": delete_mode,
+                }
+            },
         }
     )
 
@@ -60,7 +68,9 @@ def sink(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) -> P
     return make_sink(request.param, postgres_dsn, tmp_path)
 
 
-def change(op: str, key: int, version: int, name: str | None = "n", amount: str | None = "1.00", blob: bytes | None = None) -> dict[str, Any]:
+def change(
+    op: str, key: int, version: int, name: str | None = "n", amount: str | None = "1.00", blob: bytes | None = None
+) -> dict[str, Any]:
     return {
         "id": key,
         "Name": name,
@@ -72,7 +82,9 @@ def change(op: str, key: int, version: int, name: str | None = "n", amount: str 
     }
 
 
-def land(sink: PostgresUpsertSink, batch_id: int, *partitions: list[dict[str, Any]], checkpoint: str = "cp") -> int | None:
+def land(
+    sink: PostgresUpsertSink, batch_id: int, *partitions: list[dict[str, Any]], checkpoint: str = "cp"
+) -> int | None:
     """Stage each partition as an executor would, then merge; returns rows out (None: batch already merged)."""
     key = sink.ledger_key(batch_id, checkpoint)
     if not sink.prepare(key):
@@ -145,11 +157,20 @@ def test_values_round_trip_through_copy(sink: PostgresUpsertSink) -> None:
     land(
         sink,
         0,
-        [change("c", i, 10 + i, name, "-12.34", blob) for i, (name, blob) in enumerate(zip(tricky, [b"\x00\xff", b"", None, b"\\x", b"a"], strict=True))],
+        [
+            change("c", i, 10 + i, name, "-12.34", blob)
+            for i, (name, blob) in enumerate(zip(tricky, [b"\x00\xff", b"", None, b"\\x", b"a"], strict=True))
+        ],
     )
     rows = live(sink)
     assert [rows[i]["Name"] for i in range(len(tricky))] == tricky  # '' stays '', NULL stays NULL
-    assert [None if rows[i]["blob"] is None else bytes(rows[i]["blob"]) for i in range(5)] == [b"\x00\xff", b"", None, b"\\x", b"a"]
+    assert [None if rows[i]["blob"] is None else bytes(rows[i]["blob"]) for i in range(5)] == [
+        b"\x00\xff",
+        b"",
+        None,
+        b"\\x",
+        b"a",
+    ]
     assert rows[0]["amount"] == Decimal("-12.34")
     assert rows[0]["_cdc_ts"] == T0
 

@@ -87,7 +87,11 @@ def test_adding_a_sink_writes_only_0002(migrations_dir: Path) -> None:
 def test_adding_a_column_writes_add_columns_for_each_sink_of_the_source(migrations_dir: Path) -> None:
     raw = base_raw()
     raw["sinks"]["orders_soft"] = {
-        "type": "postgres", "from": "orders", "schema": "app", "table": "orders_soft", "delete_mode": "soft"
+        "type": "postgres",
+        "from": "orders",
+        "schema": "app",
+        "table": "orders_soft",
+        "delete_mode": "soft",
     }
     migrations.init(pipeline(raw), migrations_dir)
     raw["sources"]["orders"]["columns"]["note"] = "varchar(40)"

@@ -94,7 +94,7 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.delete_mode",
             "purge",
-            "sinks.orders_mirror.delete_mode: 'purge' is not one of 'hard' or 'soft'",
+            "sinks.orders_mirror.delete_mode: 'purge' is not one of hard, soft",
         ),
         (
             "sinks.orders_mirror.delet_mode",
@@ -104,7 +104,7 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.type",
             "postgress",
-            "sinks.orders_mirror.type: 'postgress' is not one of postgres (did you mean 'postgres'?)",
+            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate (did you mean 'postgres'?)",
         ),
         (
             "sinks.orders_mirror.type",
@@ -120,11 +120,11 @@ def test_composite_keys_are_lists() -> None:
         ("sources.orders.topic", ..., "sources.orders.topic: required key is missing"),
         ("sources.orders.type", ..., "sources.orders.type: required key is missing"),
         ("sources.orders.type", "kinesis", "sources.orders.type: 'kinesis' is not one of kafka"),
-        ("sources.orders.format", "protobuf", "sources.orders.format: 'protobuf' is not one of 'json'"),
+        ("sources.orders.format", "protobuf", "sources.orders.format: 'protobuf' is not one of json, avro"),
         (
             "sources.orders.on_decode_error",
             "ignore",
-            "sources.orders.on_decode_error: 'ignore' is not one of 'dlq' or 'fail'",
+            "sources.orders.on_decode_error: 'ignore' is not one of dlq, fail",
         ),
         ("sources.orders.columns", {}, "sources.orders.columns:"),
         (
@@ -168,7 +168,7 @@ def test_invalid_pipelines_name_the_yaml_path(path: str, value: Any, expected: s
 
 def test_an_invalid_source_does_not_cascade_into_its_sinks() -> None:
     problems = problems_of(with_change("sources.orders.on_decode_error", "ignore"))
-    assert problems == ["sources.orders.on_decode_error: 'ignore' is not one of 'dlq' or 'fail'"]
+    assert problems == ["sources.orders.on_decode_error: 'ignore' is not one of dlq, fail"]
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -142,7 +142,11 @@ def test_newest_per_key_keeps_the_highest_version_of_each_key() -> None:
         }
     )
     single = newest_per_key(table, ("a",))
-    assert sorted(zip(single["a"].to_pylist(), single["v"].to_pylist(), strict=True)) == [(1, "a9"), (2, "b3"), (3, "d2")]
+    assert sorted(zip(single["a"].to_pylist(), single["v"].to_pylist(), strict=True)) == [
+        (1, "a9"),
+        (2, "b3"),
+        (3, "d2"),
+    ]
     composite = newest_per_key(table, ("a", "b"))
     assert sorted(composite["v"].to_pylist()) == ["a9", "b3", "c7", "d2"]
 

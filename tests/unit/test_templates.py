@@ -88,7 +88,11 @@ def weird_pipeline() -> Pipeline:
             "sinks": {
                 'Sink "A"': {"type": "postgres", "from": "src", "schema": "User Table", "table": 'we"ird'},
                 "select": {
-                    "type": "postgres", "from": "src", "schema": "order", "table": "select", "delete_mode": "soft"
+                    "type": "postgres",
+                    "from": "src",
+                    "schema": "order",
+                    "table": "select",
+                    "delete_mode": "soft",
                 },
             },
         }

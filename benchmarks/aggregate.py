@@ -1,0 +1,155 @@
+"""Aggregation throughput: ``make bench-aggregate`` (or ``python benchmarks/aggregate.py [--changes N ...]``).
+
+1. starts a dev stack of its own unless ``--postgres-dsn`` and ``--bootstrap`` point at running services;
+2. produces N Debezium changes over K keys whose ``customer_id`` spreads them over G groups (about 30% inserts,
+   60% updates, 10% of which move a row to another group, 10% deletes) into a fresh topic;
+3. runs, on the same topic and in one Spark session, a plain upsert pipeline (``type: postgres``) and a
+   ``postgres_aggregate`` pipeline with five aggregates (sum, count, avg, min, max) by ``customer_id``, each
+   ``--available-now`` into a fresh database, and times each from its first micro-batch to catch-up;
+4. checks the landing table equals the expected final state and the aggregation table equals a fresh
+   ``SELECT ... GROUP BY`` over it;
+5. prints changes/s of both and their ratio: what the triggers cost.
+
+Prints its figures; asserts only correctness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.settings import load_settings
+from cdcsync.devstack import workload
+from cdcsync.runtime.spark import build_spark_session
+from cdcsync.runtime.stream import PipelineRunner
+from cdcsync.sql import migrations
+
+AGGREGATES = {
+    "revenue": {"from": "amount", "fn": "sum"},
+    "orders": {"fn": "count"},
+    "avg_amount": {"from": "amount", "fn": "avg"},
+    "smallest": {"from": "amount", "fn": "min"},
+    "largest": {"from": "amount", "fn": "max"},
+}
+AGGREGATION_TABLE = "SELECT customer_id, revenue, orders, avg_amount, smallest, largest FROM app.revenue"
+FRESH_GROUP_BY = """
+    SELECT customer_id, sum(amount), count(*), avg(amount), min(amount), max(amount)
+    FROM app.orders_state GROUP BY customer_id
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--groups", type=int, default=10_000)
+    add_service_arguments(parser)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp, bench_services(args, Path(tmp)) as services:
+        run(args, Path(tmp), services.admin_dsn, services.bootstrap)
+
+
+def _pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, Any]) -> Pipeline:
+    source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": columns}
+    return validate_pipeline_dict({"name": name, "sources": {"orders": source}, "sinks": {"sink": sink}})
+
+
+def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, int]:
+    """Apply the pipeline's migrations, run it to catch-up; (first batch -> catch-up seconds, micro-batches)."""
+    import psycopg
+
+    settings = load_settings(
+        postgres__dsn=dsn,
+        kafka__bootstrap_servers=bootstrap,
+        state_dir=root / pipeline.name / "state",
+        migrations_dir=root / pipeline.name / "migrations",
+    )
+    migrations.init(pipeline, settings.migrations_dir)
+    with psycopg.connect(dsn) as conn:
+        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+    stats = PipelineRunner(pipeline, settings, available_now=True).run(spark).sources["orders"]
+    assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
+    return stats.last_batch_done_at - stats.first_batch_at, stats.batches
+
+
+def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+    import psycopg
+
+    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+    load = workload.generate(args.changes, args.keys, seed=1, customers=args.groups)
+    messages = workload.produce(bootstrap, topic, load.events, partitions=4)
+    print(
+        f"produced {load.changes:,} changes over {args.keys:,} keys and {args.groups:,} groups "
+        f"({messages:,} messages with tombstones)",
+        flush=True,
+    )
+    columns = dict(load.columns)
+    upsert = _pipeline(
+        "bench_upsert", topic, columns, {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}
+    )
+    aggregate = _pipeline(
+        "bench_aggregate",
+        topic,
+        columns,
+        {
+            "type": "postgres_aggregate",
+            "from": "orders",
+            "schema": "app",
+            "landing_table": "orders_state",
+            "agg_table": "revenue",
+            "group_by": {"customer_id": None},
+            "aggregate": AGGREGATES,
+        },
+    )
+    upsert_dsn, aggregate_dsn = fresh_database(admin_dsn, "bench"), fresh_database(admin_dsn, "bench")
+    # A short run first, so that neither timed run pays the JVM's warm-up.
+    warm_topic = f"{topic}_warmup"
+    workload.produce(bootstrap, warm_topic, workload.generate(50_000, 5_000, seed=2).events, partitions=4)
+    warm_up = _pipeline(
+        "bench_warmup", warm_topic, columns, {"type": "postgres", "from": "orders", "schema": "app", "table": "warm"}
+    )
+
+    t0 = time.perf_counter()
+    spark = build_spark_session(load_settings(), "cdcsync-bench")
+    print(f"spark session started in {time.perf_counter() - t0:.1f}s", flush=True)
+    try:
+        _timed_run(warm_up, root, fresh_database(admin_dsn, "bench"), bootstrap, spark)
+        upsert_seconds, upsert_batches = _timed_run(upsert, root, upsert_dsn, bootstrap, spark)
+        aggregate_seconds, aggregate_batches = _timed_run(aggregate, root, aggregate_dsn, bootstrap, spark)
+    finally:
+        spark.stop()
+
+    names = list(load.columns)
+    quoted = ", ".join(f'"{c}"' for c in names)
+    with psycopg.connect(aggregate_dsn) as conn:
+        landed = {
+            r[0]: dict(zip(names, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders_state")
+        }
+        assert landed == load.expected, "the landing table does not equal the expected final state"
+        table = sorted(conn.execute(AGGREGATION_TABLE).fetchall(), key=repr)
+        assert table == sorted(conn.execute(FRESH_GROUP_BY).fetchall(), key=repr), "aggregates differ from GROUP BY"
+
+    upsert_rate, aggregate_rate = load.changes / upsert_seconds, load.changes / aggregate_seconds
+    print()
+    print(machine_line())
+    print(f"groups in the aggregation table:     {len(table):8,}")
+    for label, seconds, rate, batches in (
+        ("plain upsert (type: postgres):    ", upsert_seconds, upsert_rate, upsert_batches),
+        ("postgres_aggregate, 5 aggregates: ", aggregate_seconds, aggregate_rate, aggregate_batches),
+    ):
+        print(f"{label}   {seconds:8.1f} s  {rate:8,.0f} changes/s  ({batches} micro-batches)")
+    print(f"aggregate / upsert throughput:       {aggregate_rate / upsert_rate:8.2f}")
+    print("landing table verified equal to the expected state; aggregates equal to a fresh GROUP BY")
+
+
+if __name__ == "__main__":
+    main()

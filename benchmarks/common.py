@@ -1,0 +1,72 @@
+"""What the benchmarks share: services to run against, a fresh database, a Spark session, the machine line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from cdcsync.devstack import DevStackConfig, down, up
+
+
+@dataclass(frozen=True)
+class BenchServices:
+    admin_dsn: str
+    """The server's maintenance database; each benchmark creates databases of its own."""
+    bootstrap: str
+
+
+def add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--postgres-dsn", help="use this server (maintenance database) instead of a dev stack")
+    parser.add_argument("--bootstrap", help="use this Kafka instead of a dev stack")
+
+
+@contextlib.contextmanager
+def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServices]:
+    """The services named on the command line, else a dev stack of the benchmark's own (own ports, own state)."""
+    if args.postgres_dsn and args.bootstrap:
+        yield BenchServices(args.postgres_dsn, args.bootstrap)
+        return
+    stack = DevStackConfig(
+        state_dir=root / "stack",
+        postgres_port=55461,
+        kafka_port=29392,
+        kafka_controller_port=29393,
+        clickhouse_port=28391,
+        schema_registry_port=28381,
+    )
+    print("starting a dev stack for the benchmark …", flush=True)
+    up(stack)
+    try:
+        yield BenchServices(
+            f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync", f"127.0.0.1:{stack.kafka_port}"
+        )
+    finally:
+        down(stack)
+
+
+def fresh_database(admin_dsn: str, prefix: str) -> str:
+    """Create an empty database and return its DSN."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(admin_dsn, dbname=name)
+
+
+def machine_line() -> str:
+    return (
+        f"machine: {platform.machine()}, {os.cpu_count() or 0} cores, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )

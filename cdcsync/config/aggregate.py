@@ -1,0 +1,197 @@
+"""What a ``postgres_aggregate`` sink's YAML means in columns and types, decided in one place.
+
+Validation (:mod:`cdcsync.config.pipeline`) reports the problems this module finds; the migration planner
+(:mod:`cdcsync.sql.migrations`) turns a resolved sink into the state its templates render. Default result types
+follow Postgres' own aggregate functions (``sum(integer)`` is ``bigint``, ``sum(bigint)`` and ``avg`` of exact
+types are ``numeric``), so that the aggregation table holds exactly what ``SELECT fn(x) ... GROUP BY`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
+
+if TYPE_CHECKING:
+    from cdcsync.config.pipeline import KafkaSource, PostgresAggregateSink
+
+INTEGER_TYPES = frozenset({"smallint", "integer", "bigint"})
+FLOAT_TYPES = frozenset({"real", "double precision"})
+NUMERIC_TYPES = INTEGER_TYPES | FLOAT_TYPES | {"numeric"}
+TEXT_TYPES = frozenset({"text", "character varying", "character"})
+ORDERED_TYPES = (
+    NUMERIC_TYPES
+    | TEXT_TYPES
+    | {
+        "date",
+        "timestamp without time zone",
+        "timestamp with time zone",
+        "time without time zone",
+        "interval",
+    }
+)
+"""Types Postgres has ``min``/``max`` for (and that can key a btree index used to recompute them)."""
+
+BIGINT = PgType("bigint")
+NUMERIC = PgType("numeric")
+DOUBLE = PgType("double precision")
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    name: str
+    """Column of the aggregation table."""
+    source: str
+    """Column of the landing table it is read from."""
+    type: PgType
+    cast: bool
+    """True when ``type`` differs from the landing column's type, so reads go through ``(col)::type``."""
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    name: str
+    fn: str
+    source: str | None
+    """Landing column aggregated; None only for ``count`` of rows."""
+    type: PgType
+    """Type of the readable column ``name``."""
+    accumulator_type: PgType | None = None
+    """``sum`` and ``avg``: type the running sum is kept in (``<name>_sum`` for avg, ``name`` itself for sum)."""
+
+
+@dataclass(frozen=True)
+class ResolvedAggregation:
+    group_by: tuple[GroupKey, ...]
+    aggregates: tuple[Aggregate, ...]
+    problems: tuple[str, ...]
+    """``key.path: message`` lines relative to the sink, empty when the sink is valid."""
+
+
+def _family(pg: PgType) -> str:
+    if pg.name in NUMERIC_TYPES:
+        return "number"
+    if pg.name in TEXT_TYPES:
+        return "text"
+    return pg.name
+
+
+def default_type(fn: str, input_type: PgType | None) -> PgType:
+    """The type Postgres' own ``fn(input)`` returns."""
+    if fn == "count" or input_type is None:
+        return BIGINT
+    if fn == "sum":
+        if input_type.name in ("smallint", "integer"):
+            return BIGINT
+        if input_type.name in ("bigint", "numeric"):
+            return NUMERIC
+        return input_type
+    if fn == "avg":
+        return DOUBLE if input_type.name in FLOAT_TYPES else NUMERIC
+    return input_type
+
+
+def generated_columns(aggregate_name: str, fn: str) -> list[str]:
+    """Columns besides ``aggregate_name`` that the aggregation table gets for it (users may read them)."""
+    return [f"{aggregate_name}_sum", f"{aggregate_name}_count"] if fn == "avg" else []
+
+
+def resolve(sink: PostgresAggregateSink, source: KafkaSource) -> ResolvedAggregation:
+    """Resolve input columns and types; every problem is reported, none raised."""
+    problems: list[str] = []
+    columns = source.column_types()
+
+    def parse(path: str, text: str | None) -> PgType | None:
+        if text is None:
+            return None
+        try:
+            return parse_pg_type(text)
+        except UnknownTypeError as error:
+            problems.append(f"{path}: {error}")
+            return None
+
+    def input_column(path: str, name: str) -> PgType | None:
+        if name not in columns:
+            known = ", ".join(columns)
+            problems.append(f"{path}: column '{name}' is not in source '{sink.from_}' (its columns: {known})")
+            return None
+        return columns[name]
+
+    groups: list[GroupKey] = []
+    for name, entry in sink.group_by.items():
+        where = f"group_by.{name}"
+        source_name = entry.from_ or name
+        input_type = input_column(f"{where}.from" if entry.from_ else where, source_name)
+        declared = parse(f"{where}.type", entry.type)
+        if input_type is None or (entry.type is not None and declared is None):
+            continue
+        key_type = declared or input_type
+        if _family(key_type) != _family(input_type):
+            problems.append(
+                f"{where}.type: {key_type.sql} cannot key groups of '{source_name}' ({input_type.sql}); "
+                f"use a {_family(input_type)} type or leave 'type' out"
+            )
+            continue
+        if key_type.name not in ORDERED_TYPES and key_type.name not in ("boolean", "uuid"):
+            problems.append(f"{where}: {key_type.sql} columns cannot be grouped by (no equality index in Postgres)")
+            continue
+        groups.append(GroupKey(name, source_name, key_type, cast=key_type != input_type))
+
+    aggregates: list[Aggregate] = []
+    for name, spec in sink.aggregate.items():
+        where = f"aggregate.{name}"
+        aggregated: str | None = spec.from_ or (None if spec.fn == "count" else name)
+        input_type = None
+        if aggregated is not None:
+            input_type = input_column(f"{where}.from" if spec.from_ else where, aggregated)
+            if input_type is None:
+                if not spec.from_:
+                    problems[-1] += "; name the column to aggregate in 'from'"
+                continue
+        declared = parse(f"{where}.type", spec.type)
+        if spec.type is not None and declared is None:
+            continue
+        if spec.fn in ("sum", "avg") and input_type is not None and input_type.name not in NUMERIC_TYPES:
+            problems.append(f"{where}.fn: {spec.fn} needs a numeric column; '{aggregated}' is {input_type.sql}")
+            continue
+        if spec.fn in ("min", "max") and input_type is not None and input_type.name not in ORDERED_TYPES:
+            problems.append(f"{where}.fn: Postgres has no {spec.fn} for '{aggregated}' ({input_type.sql})")
+            continue
+        result = declared or default_type(spec.fn, input_type)
+        if declared is not None:
+            wanted = "number" if spec.fn in ("sum", "avg", "count") else _family(input_type or BIGINT)
+            if _family(declared) != wanted or (spec.fn == "count" and declared.name in FLOAT_TYPES):
+                problems.append(f"{where}.type: {declared.sql} cannot hold {spec.fn}({aggregated or '*'})")
+                continue
+        accumulator: PgType | None = None
+        if spec.fn == "sum":
+            accumulator = result
+        elif spec.fn == "avg":
+            assert input_type is not None
+            accumulator = DOUBLE if input_type.name in FLOAT_TYPES or result.name in FLOAT_TYPES else NUMERIC
+        aggregates.append(Aggregate(name, spec.fn, aggregated, result, accumulator))
+
+    _check_names(sink, problems)
+    return ResolvedAggregation(tuple(groups), tuple(aggregates), tuple(problems))
+
+
+def _check_names(sink: PostgresAggregateSink, problems: list[str]) -> None:
+    owners: dict[str, str] = {}
+    entries = [(f"group_by.{name}", name) for name in sink.group_by]
+    for name, entry in sink.aggregate.items():
+        entries.append((f"aggregate.{name}", name))
+        entries.extend((f"aggregate.{name}", extra) for extra in generated_columns(name, entry.fn))
+    for name, entry in sink.aggregate.items():
+        if entry.fn == "sum" and len(f"_cdc_{name}_n".encode()) > 63:
+            problems.append(f"aggregate.{name}: the name is too long for its bookkeeping column '_cdc_{name}_n'")
+    for where, column in entries:
+        if len(column.encode()) > 63:
+            problems.append(f"{where}: column '{column}' would be longer than Postgres' 63-byte identifier limit")
+        elif column.startswith("_cdc_"):
+            problems.append(f"{where}: column names starting with '_cdc_' are reserved for cdcsync")
+        elif column in owners:
+            kind = "a group_by column" if owners[column].startswith("group_by") else "an aggregate column"
+            problems.append(f"{where}: '{column}' is already {kind} of {sink.agg_table} (from {owners[column]})")
+        else:
+            owners[column] = where

@@ -1,0 +1,324 @@
+-- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
+-- generator: cdcsync VERSION
+-- creates:
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters"
+--   sink 'revenue' (delete_mode hard, primary key "id"):
+--     table "app"."orders_state": the landing table (current row per key)
+--     unlogged table "cdcsync"."shop__revenue__stage": its staging table
+--     table "cdcsync"."shop__revenue__tombstones": its hard-deleted keys
+--     table "app"."revenue_by_customer": sum(amount) as "revenue", count(*) as "orders", sum(qty) as "units", avg(amount) as "avg_amount", avg(price) as "avg_price", min(amount) as "smallest", max(amount) as "amount" grouped by "customer_id", "region"
+--     statement triggers on "app"."orders_state" keeping it up to date, and their functions
+-- apply with: cdcsync migrate PIPELINE.yaml
+--         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
+-- the checksum covers the SQL between this header and the ledger record at the end;
+-- an applied file must not change: write a new migration instead
+-- checksum: sha256:05933258f709d47f5fa1603af51b248a0466ece6b3485c95ef877ccf0c6474c7
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","pipeline":"shop","sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones"}}}
+
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."schema_migrations" (
+    "pipeline" text,
+    "filename" text,
+    "checksum" text NOT NULL,
+    "applied_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "filename")
+);
+COMMENT ON TABLE "cdcsync"."schema_migrations" IS 'cdcsync: migration files applied to this database, with the checksum of each as applied';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
+    "pipeline" text,
+    "sink" text,
+    "checkpoint_id" text,
+    "batch_id" bigint,
+    "rows_written" bigint NOT NULL,
+    "committed_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
+);
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
+    "id" bigserial PRIMARY KEY,
+    "pipeline" text NOT NULL,
+    "source" text NOT NULL,
+    "topic" text NOT NULL,
+    "partition" int NOT NULL,
+    "offset" bigint NOT NULL,
+    "key" bytea,
+    "value" bytea,
+    "reason" text NOT NULL,
+    "failed_at" timestamptz NOT NULL DEFAULT now(),
+    UNIQUE ("pipeline", "topic", "partition", "offset")
+);
+COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
+
+CREATE SCHEMA IF NOT EXISTS "app";
+
+CREATE TABLE IF NOT EXISTS "app"."orders_state" (
+    "id" bigint NOT NULL,
+    "customer_id" integer,
+    "region" character varying(8),
+    "amount" numeric(12,2),
+    "qty" integer,
+    "price" double precision,
+    "paid" boolean,
+    "meta" jsonb,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "app"."orders_state" IS 'maintained by cdcsync pipeline ''shop'', sink ''revenue'' (delete_mode hard); do not write to it by hand';
+
+CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__revenue__stage" (
+    "_batch_id" bigint NOT NULL,
+    "id" bigint,
+    "customer_id" integer,
+    "region" character varying(8),
+    "amount" numeric(12,2),
+    "qty" integer,
+    "price" double precision,
+    "paid" boolean,
+    "meta" jsonb,
+    "_cdc_op" text NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz
+);
+COMMENT ON TABLE "cdcsync"."shop__revenue__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''revenue'': micro-batches are copied here, then merged into "app"."orders_state"';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."shop__revenue__tombstones" (
+    "id" bigint NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "cdcsync"."shop__revenue__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''revenue'': keys hard-deleted from "app"."orders_state" and the version of their delete';
+
+
+CREATE TABLE IF NOT EXISTS "app"."revenue_by_customer" (
+    "customer_id" bigint,
+    "region" character varying(8),
+    "revenue" numeric(18,2),
+    "_cdc_revenue_n" bigint NOT NULL DEFAULT 0,
+    "orders" bigint NOT NULL DEFAULT 0,
+    "units" bigint,
+    "_cdc_units_n" bigint NOT NULL DEFAULT 0,
+    "avg_amount_sum" numeric,
+    "avg_amount_count" bigint NOT NULL DEFAULT 0,
+    "avg_amount" numeric GENERATED ALWAYS AS ((CASE WHEN "avg_amount_count" = 0 THEN NULL ELSE "avg_amount_sum" / "avg_amount_count" END)::numeric) STORED,
+    "avg_price_sum" double precision,
+    "avg_price_count" bigint NOT NULL DEFAULT 0,
+    "avg_price" double precision GENERATED ALWAYS AS ((CASE WHEN "avg_price_count" = 0 THEN NULL ELSE "avg_price_sum" / "avg_price_count" END)::double precision) STORED,
+    "smallest" numeric(12,2),
+    "amount" numeric(12,2),
+    "_cdc_rows" bigint NOT NULL DEFAULT 0,
+    UNIQUE NULLS NOT DISTINCT ("customer_id", "region")
+);
+COMMENT ON TABLE "app"."revenue_by_customer" IS 'maintained by triggers on "app"."orders_state" (cdcsync pipeline ''shop'', sink ''revenue''); do not write to it by hand';
+
+CREATE INDEX IF NOT EXISTS "revenue_by_customer__amount__minmax" ON "app"."orders_state" ((("customer_id")::bigint), "region", "amount");
+
+CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_insert"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
+BEGIN
+    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7")
+    FROM (
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", 1 AS "_cdc_rows",
+            (r."amount")::numeric(18,2) AS "v1",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n1",
+            1 AS "n2",
+            (r."qty")::bigint AS "v3",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n3",
+            (r."amount")::numeric AS "v4",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n4",
+            (r."price")::double precision AS "v5",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n5",
+            (r."amount")::numeric(12,2) AS "v6",
+            (r."amount")::numeric(12,2) AS "v7"
+        FROM new_rows AS r
+    ) AS d
+    GROUP BY "customer_id", "region"
+    ON CONFLICT ("customer_id", "region") DO UPDATE SET
+        "_cdc_rows" = a."_cdc_rows" + EXCLUDED."_cdc_rows",
+        "revenue" = CASE WHEN a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n" = 0 THEN NULL
+            ELSE coalesce(a."revenue", 0) + coalesce(EXCLUDED."revenue", 0) END,
+        "_cdc_revenue_n" = a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n",
+        "orders" = a."orders" + EXCLUDED."orders",
+        "units" = CASE WHEN a."_cdc_units_n" + EXCLUDED."_cdc_units_n" = 0 THEN NULL
+            ELSE coalesce(a."units", 0) + coalesce(EXCLUDED."units", 0) END,
+        "_cdc_units_n" = a."_cdc_units_n" + EXCLUDED."_cdc_units_n",
+        "avg_amount_sum" = CASE WHEN a."avg_amount_count" + EXCLUDED."avg_amount_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_amount_sum", 0) + coalesce(EXCLUDED."avg_amount_sum", 0) END,
+        "avg_amount_count" = a."avg_amount_count" + EXCLUDED."avg_amount_count",
+        "avg_price_sum" = CASE WHEN a."avg_price_count" + EXCLUDED."avg_price_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_price_sum", 0) + coalesce(EXCLUDED."avg_price_sum", 0) END,
+        "avg_price_count" = a."avg_price_count" + EXCLUDED."avg_price_count",
+        "smallest" = least(a."smallest", EXCLUDED."smallest"),
+        "amount" = greatest(a."amount", EXCLUDED."amount");
+    RETURN NULL;
+END
+$cdcsync$;
+
+CREATE OR REPLACE TRIGGER "cdcsync_aggregate_insert"
+    AFTER INSERT ON "app"."orders_state"
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+    EXECUTE FUNCTION "cdcsync"."shop__revenue__agg_insert"();
+
+CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_update"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
+BEGIN
+    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7")
+    FROM (
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", 1 AS "_cdc_rows",
+            (r."amount")::numeric(18,2) AS "v1",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n1",
+            1 AS "n2",
+            (r."qty")::bigint AS "v3",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n3",
+            (r."amount")::numeric AS "v4",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n4",
+            (r."price")::double precision AS "v5",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n5",
+            (r."amount")::numeric(12,2) AS "v6",
+            (r."amount")::numeric(12,2) AS "v7"
+        FROM new_rows AS r
+        UNION ALL
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", -1 AS "_cdc_rows",
+            -(r."amount")::numeric(18,2) AS "v1",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n1",
+            -1 AS "n2",
+            -(r."qty")::bigint AS "v3",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n3",
+            -(r."amount")::numeric AS "v4",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n4",
+            -(r."price")::double precision AS "v5",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n5",
+            NULL::numeric(12,2) AS "v6",
+            NULL::numeric(12,2) AS "v7"
+        FROM old_rows AS r
+    ) AS d
+    GROUP BY "customer_id", "region"
+    ON CONFLICT ("customer_id", "region") DO UPDATE SET
+        "_cdc_rows" = a."_cdc_rows" + EXCLUDED."_cdc_rows",
+        "revenue" = CASE WHEN a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n" = 0 THEN NULL
+            ELSE coalesce(a."revenue", 0) + coalesce(EXCLUDED."revenue", 0) END,
+        "_cdc_revenue_n" = a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n",
+        "orders" = a."orders" + EXCLUDED."orders",
+        "units" = CASE WHEN a."_cdc_units_n" + EXCLUDED."_cdc_units_n" = 0 THEN NULL
+            ELSE coalesce(a."units", 0) + coalesce(EXCLUDED."units", 0) END,
+        "_cdc_units_n" = a."_cdc_units_n" + EXCLUDED."_cdc_units_n",
+        "avg_amount_sum" = CASE WHEN a."avg_amount_count" + EXCLUDED."avg_amount_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_amount_sum", 0) + coalesce(EXCLUDED."avg_amount_sum", 0) END,
+        "avg_amount_count" = a."avg_amount_count" + EXCLUDED."avg_amount_count",
+        "avg_price_sum" = CASE WHEN a."avg_price_count" + EXCLUDED."avg_price_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_price_sum", 0) + coalesce(EXCLUDED."avg_price_sum", 0) END,
+        "avg_price_count" = a."avg_price_count" + EXCLUDED."avg_price_count",
+        "smallest" = least(a."smallest", EXCLUDED."smallest"),
+        "amount" = greatest(a."amount", EXCLUDED."amount");
+
+    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "smallest", "amount")
+    SELECT "customer_id", "region", min(o."v1"), max(o."v2")
+    FROM (
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", (r."amount")::numeric(12,2) AS "v1", (r."amount")::numeric(12,2) AS "v2"
+        FROM old_rows AS r
+    ) AS o
+    GROUP BY "customer_id", "region"
+    ON CONFLICT ("customer_id", "region") DO UPDATE SET
+        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            ELSE a."smallest" END,
+        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            ELSE a."amount" END;
+
+    DELETE FROM "app"."revenue_by_customer" AS a USING old_rows AS r
+    WHERE a."_cdc_rows" = 0 AND a."customer_id" = (r."customer_id")::bigint AND a."region" = r."region";
+    IF EXISTS (SELECT 1 FROM old_rows AS r WHERE r."customer_id" IS NULL OR r."region" IS NULL) THEN
+        DELETE FROM "app"."revenue_by_customer" AS a WHERE a."_cdc_rows" = 0 AND (a."customer_id" IS NULL OR a."region" IS NULL);
+    END IF;
+    RETURN NULL;
+END
+$cdcsync$;
+
+CREATE OR REPLACE TRIGGER "cdcsync_aggregate_update"
+    AFTER UPDATE ON "app"."orders_state"
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+    EXECUTE FUNCTION "cdcsync"."shop__revenue__agg_update"();
+
+CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_delete"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
+BEGIN
+    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7")
+    FROM (
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", -1 AS "_cdc_rows",
+            -(r."amount")::numeric(18,2) AS "v1",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n1",
+            -1 AS "n2",
+            -(r."qty")::bigint AS "v3",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n3",
+            -(r."amount")::numeric AS "v4",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n4",
+            -(r."price")::double precision AS "v5",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n5",
+            NULL::numeric(12,2) AS "v6",
+            NULL::numeric(12,2) AS "v7"
+        FROM old_rows AS r
+    ) AS d
+    GROUP BY "customer_id", "region"
+    ON CONFLICT ("customer_id", "region") DO UPDATE SET
+        "_cdc_rows" = a."_cdc_rows" + EXCLUDED."_cdc_rows",
+        "revenue" = CASE WHEN a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n" = 0 THEN NULL
+            ELSE coalesce(a."revenue", 0) + coalesce(EXCLUDED."revenue", 0) END,
+        "_cdc_revenue_n" = a."_cdc_revenue_n" + EXCLUDED."_cdc_revenue_n",
+        "orders" = a."orders" + EXCLUDED."orders",
+        "units" = CASE WHEN a."_cdc_units_n" + EXCLUDED."_cdc_units_n" = 0 THEN NULL
+            ELSE coalesce(a."units", 0) + coalesce(EXCLUDED."units", 0) END,
+        "_cdc_units_n" = a."_cdc_units_n" + EXCLUDED."_cdc_units_n",
+        "avg_amount_sum" = CASE WHEN a."avg_amount_count" + EXCLUDED."avg_amount_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_amount_sum", 0) + coalesce(EXCLUDED."avg_amount_sum", 0) END,
+        "avg_amount_count" = a."avg_amount_count" + EXCLUDED."avg_amount_count",
+        "avg_price_sum" = CASE WHEN a."avg_price_count" + EXCLUDED."avg_price_count" = 0 THEN NULL
+            ELSE coalesce(a."avg_price_sum", 0) + coalesce(EXCLUDED."avg_price_sum", 0) END,
+        "avg_price_count" = a."avg_price_count" + EXCLUDED."avg_price_count",
+        "smallest" = least(a."smallest", EXCLUDED."smallest"),
+        "amount" = greatest(a."amount", EXCLUDED."amount");
+
+    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "smallest", "amount")
+    SELECT "customer_id", "region", min(o."v1"), max(o."v2")
+    FROM (
+        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", (r."amount")::numeric(12,2) AS "v1", (r."amount")::numeric(12,2) AS "v2"
+        FROM old_rows AS r
+    ) AS o
+    GROUP BY "customer_id", "region"
+    ON CONFLICT ("customer_id", "region") DO UPDATE SET
+        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            ELSE a."smallest" END,
+        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            ELSE a."amount" END;
+
+    DELETE FROM "app"."revenue_by_customer" AS a USING old_rows AS r
+    WHERE a."_cdc_rows" = 0 AND a."customer_id" = (r."customer_id")::bigint AND a."region" = r."region";
+    IF EXISTS (SELECT 1 FROM old_rows AS r WHERE r."customer_id" IS NULL OR r."region" IS NULL) THEN
+        DELETE FROM "app"."revenue_by_customer" AS a WHERE a."_cdc_rows" = 0 AND (a."customer_id" IS NULL OR a."region" IS NULL);
+    END IF;
+    RETURN NULL;
+END
+$cdcsync$;
+
+CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
+    AFTER DELETE ON "app"."orders_state"
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT
+    EXECUTE FUNCTION "cdcsync"."shop__revenue__agg_delete"();
+
+-- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
+INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
+VALUES ('shop', '0001_init.sql', 'sha256:05933258f709d47f5fa1603af51b248a0466ece6b3485c95ef877ccf0c6474c7')
+ON CONFLICT ("pipeline", "filename") DO NOTHING;
