@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e bench bench-aggregate install jars clean
+.PHONY: demo test lint unit integration e2e bench bench-aggregate bench-clickhouse install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(DEPS_STAMP): pyproject.toml
 	@rm -f $(VENV)/.deps-*; touch $@
 
 $(JARS_STAMP): $(DEPS_STAMP)
-	$(BIN)/python -m cdcsync.runtime.jars
+	$(BIN)/python -m cdcsync.runtime.jars --with-debezium
 	@rm -f $(VENV)/.jars-*; touch $@
 
 install: $(DEPS_STAMP)
@@ -48,6 +48,9 @@ bench: jars
 
 bench-aggregate: jars
 	$(BIN)/python benchmarks/aggregate.py
+
+bench-clickhouse: jars
+	$(BIN)/python benchmarks/clickhouse.py
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

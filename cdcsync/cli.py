@@ -122,13 +122,16 @@ def validate(pipeline_file: PipelineArg) -> None:
 @handles_errors
 def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
     """Render the pipeline's DDL into the next numbered migration file(s) for review."""
-    from cdcsync.sql import migrations
+    from cdcsync.sql import clickhouse_migrations, migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file)
     result = migrations.init(pipeline, settings.migrations_dir)
     out.print(result.summary(), highlight=False)
-    if not result.up_to_date:
+    clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
+    if pipeline.clickhouse_sinks():
+        out.print(clickhouse.summary(), highlight=False)
+    if not (result.up_to_date and clickhouse.up_to_date):
         out.print(f"review them, then apply with `cdcsync migrate {pipeline_file}` (or psql -f)", highlight=False)
 
 
@@ -139,20 +142,28 @@ def migrate(
     migrations_dir: MigrationsDirOpt = None,
     status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
 ) -> None:
-    """Apply pending migrations to Postgres (development and demos; a DBA may use psql instead)."""
-    from cdcsync.sql import migrations
+    """Apply pending migrations to Postgres and, for ClickHouse sinks, ClickHouse (development and demos; a DBA
+    may use psql / clickhouse-client instead)."""
+    from cdcsync.sinks.clickhouse import connect_from_settings
+    from cdcsync.sql import clickhouse_migrations, migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file)
+    clickhouse = connect_from_settings(settings) if pipeline.clickhouse_sinks() else None
     with _connect(settings) as conn:
         if status:
             table = Table("migration", "state")
-            for item in migrations.status(conn, pipeline.name, settings.migrations_dir):
+            items = migrations.status(conn, pipeline.name, settings.migrations_dir)
+            if clickhouse is not None:
+                items += clickhouse_migrations.status(clickhouse, pipeline.name, settings.migrations_dir)
+            for item in items:
                 colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
                 table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
             out.print(table)
             return
         applied = migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+    if clickhouse is not None:
+        applied += clickhouse_migrations.apply_pending(clickhouse, pipeline.name, settings.migrations_dir)
     if not applied:
         out.print("nothing to apply; the database is up to date")
     for item in applied:
@@ -191,6 +202,7 @@ def run(
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
+    from cdcsync.sinks.clickhouse import startup_check
     from cdcsync.sources.kafka import check_kafka_reachable
     from cdcsync.sql import migrations
 
@@ -200,6 +212,7 @@ def run(
         migrations.check_ready(
             conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
         )
+    startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
     missing = check_kafka_reachable(settings, [source.topic for source in pipeline.sources.values()])
     for topic in missing:
@@ -268,6 +281,10 @@ def _devstack_config() -> Any:
         kafka_controller_port=settings.devstack.kafka_controller_port,
         clickhouse_port=settings.devstack.clickhouse_port,
         schema_registry_port=settings.devstack.schema_registry_port,
+        connect_port=settings.devstack.connect_port,
+        debezium_database=settings.devstack.debezium_database,
+        debezium_format=settings.devstack.debezium_format,
+        debezium_schemas_enable=settings.devstack.debezium_schemas_enable,
     )
 
 
@@ -281,12 +298,20 @@ def _print_stack_status(status: Any) -> None:
 
 @dev_app.command("up")
 @handles_errors
-def dev_up() -> None:
+def dev_up(
+    with_debezium: Annotated[
+        bool,
+        typer.Option(
+            "--with-debezium",
+            help="Also run Kafka Connect with the Debezium Postgres connector, capturing database cdcsync_source.",
+        ),
+    ] = False,
+) -> None:
     """Start Postgres and Kafka locally (idempotent)."""
     from cdcsync.devstack import up
 
     err.print("starting the dev stack (first run downloads Kafka jars) …")
-    _print_stack_status(up(_devstack_config()))
+    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
 
 
 @dev_app.command("down")

@@ -13,6 +13,11 @@ Where the services come from:
 The schema registry is the dev stack's stand-in (port 28081), with containers ``cp-schema-registry`` on the Kafka
 container's network, or ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``.
 
+Real Debezium (Kafka Connect standalone with the Debezium Postgres connector, ``cdcsync.devstack.debezium``) is
+started only for tests that ask for ``debezium_connect`` / ``debezium_source``, on port 28083
+(``CDCSYNC_TEST_CONNECT_PORT``), against the session's Postgres and Kafka; ``CDCSYNC_TEST_CONNECT_URL`` names a
+Connect worker you already run (it must reach the same Postgres and Kafka).
+
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
 """
 
@@ -240,3 +245,151 @@ def run_env(**settings: Any) -> dict[str, str]:
     for key, value in settings.items():
         env[f"CDCSYNC__{key.upper()}"] = str(value)
     return env
+
+
+# ------------------------------------------------------------------------------------------- real Debezium
+
+DEFAULT_TEST_CONNECT_PORT = 28083
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class DebeziumConnect:
+    """A Kafka Connect worker with the Debezium Postgres connector, and how it reaches the session's Postgres."""
+
+    url: str
+    """Kafka Connect's REST API."""
+    postgres_host: str
+    postgres_port: int
+    postgres_user: str
+    postgres_password: str | None
+
+
+@pytest.fixture(scope="session")
+def debezium_connect(services: Services) -> Iterator[DebeziumConnect]:
+    """Kafka Connect for the session, started on first use only, so tests that do not need it pay nothing.
+
+    Skips (with the reason) only when Java or the Connect/Debezium jars cannot be had; anything else fails.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    from cdcsync.devstack import DevStackConfig, debezium
+    from cdcsync.errors import CdcsyncError, DependencyError
+
+    pg = conninfo_to_dict(services.postgres_dsn)
+    pg_host, pg_port = str(pg.get("host") or "127.0.0.1"), int(pg.get("port") or 5432)
+    pg_user = str(pg.get("user") or "cdcsync")
+    pg_password = str(pg["password"]) if pg.get("password") else None
+    given = os.environ.get("CDCSYNC_TEST_CONNECT_URL")
+    if given:
+        yield DebeziumConnect(given.rstrip("/"), pg_host, pg_port, pg_user, pg_password)
+        return
+    kafka_host, _, kafka_port = services.bootstrap_servers.split(",")[0].rpartition(":")
+    if pg_host not in _LOOPBACK_HOSTS or kafka_host.strip("[]") not in _LOOPBACK_HOSTS:
+        pytest.skip(
+            f"Kafka Connect runs on this machine and reaches Postgres and Kafka on loopback only; the session's are "
+            f"at {pg_host} and {kafka_host}: set CDCSYNC_TEST_CONNECT_URL to a Connect worker that reaches them"
+        )
+    try:
+        debezium.check_java()
+    except DependencyError as exc:
+        pytest.skip(f"real Debezium needs Java: {exc}")
+    try:
+        from cdcsync.runtime.jars import debezium_postgres_plugin_jars, kafka_connect_jars
+
+        kafka_connect_jars()
+        debezium_postgres_plugin_jars()
+    except CdcsyncError as exc:
+        pytest.skip(f"Kafka Connect / Debezium jars are not available (not cached, Maven Central unreachable): {exc}")
+    state_dir = Path(tempfile.mkdtemp(prefix="cdcsync-test-connect-"))
+    config = DevStackConfig(
+        state_dir=state_dir,
+        postgres_port=pg_port,
+        kafka_port=int(kafka_port),
+        connect_port=int(os.environ.get("CDCSYNC_TEST_CONNECT_PORT", DEFAULT_TEST_CONNECT_PORT)),
+    )
+    try:
+        debezium.start(config)
+        debezium.wait_rest_ready(config, 180)
+        yield DebeziumConnect(debezium.url(config), pg_host, pg_port, pg_user, pg_password)
+    finally:
+        debezium.stop(config)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@dataclass
+class DebeziumSource:
+    """A source database of its own for one test, and the Debezium connector that captures it.
+
+    The connector name is also its topic prefix, replication slot and publication, so tests never share any.
+    """
+
+    connect: DebeziumConnect
+    dsn: str
+    database: str
+    name: str
+    registered: bool = False
+
+    def capture(
+        self,
+        *tables: str,
+        overrides: dict[str, str] | None = None,
+        wait_snapshot: bool = True,
+        timeout_s: float = 90.0,
+    ) -> None:
+        """Register the connector for ``tables`` (``schema.table``; all of ``public`` when none) and wait until
+        it runs and (``wait_snapshot``) its snapshot is in Kafka. Rows already there arrive first, as snapshot
+        reads (``op: r``)."""
+        from cdcsync.devstack import debezium
+
+        config = debezium.connector_config(
+            database=self.database,
+            topic_prefix=self.name,
+            slot_name=self.name,
+            publication_name=self.name,
+            host=self.connect.postgres_host,
+            port=self.connect.postgres_port,
+            user=self.connect.postgres_user,
+            password=self.connect.postgres_password,
+            tables=list(tables) or None,
+            overrides=overrides,
+        )
+        debezium.put_connector(self.connect.url, self.name, config)
+        self.registered = True
+        debezium.wait_connector_running(self.connect.url, self.name, timeout_s)
+        if wait_snapshot:
+            self.wait_caught_up(timeout_s)
+
+    def topic(self, table: str) -> str:
+        """The topic of ``schema.table``."""
+        return f"{self.name}.{table}"
+
+    def wait_caught_up(self, timeout_s: float = 90.0) -> None:
+        """Until every change committed so far in the source database is in Kafka."""
+        from cdcsync.devstack import debezium
+
+        debezium.wait_caught_up(self.connect.url, self.name, self.dsn, timeout_s)
+
+
+@pytest.fixture()
+def debezium_source(services: Services, debezium_connect: DebeziumConnect) -> Iterator[DebeziumSource]:
+    """A fresh source database captured by a connector of its own; connector, slot and database go afterwards."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from cdcsync.devstack import debezium
+
+    name = f"dbz_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        debezium.ensure_replication_role(conn, debezium_connect.postgres_user)
+    source = DebeziumSource(debezium_connect, make_conninfo(services.postgres_dsn, dbname=name), name, name)
+    try:
+        yield source
+    finally:
+        if source.registered:
+            debezium.delete_connector(debezium_connect.url, name)
+        debezium.drop_replication_slot(source.dsn, name)
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -86,6 +86,8 @@ class PostgresSink(_Model):
     table: str = Field(min_length=1)
     primary_key: list[str] | None = None
     delete_mode: Literal["hard", "soft"] = "hard"
+    on_truncate: Literal["apply", "ignore"] = "apply"
+    """``apply``: a source TRUNCATE empties the table (in version order with the changes around it)."""
 
     _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
 
@@ -139,6 +141,8 @@ class PostgresAggregateSink(_Model):
     group_by: dict[str, GroupColumn] = Field(default_factory=dict)
     aggregate: dict[str, AggregateColumn] = Field(min_length=1)
     empty_groups: Literal["delete", "keep"] = "delete"
+    on_truncate: Literal["apply", "ignore"] = "apply"
+    """``apply``: a source TRUNCATE empties the landing table, and so every group."""
     batch_size: int | None = Field(default=None, gt=0)
     """Accepted for Streamling compatibility; each micro-batch is merged as one transaction whatever its size."""
     batch_flush_interval: str | None = None
@@ -158,11 +162,72 @@ class PostgresAggregateSink(_Model):
         return "hard"
 
 
+_CH_SETTING_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ClickHouseSink(_Model):
+    """Streamling's ``clickhouse`` sink, on a ``ReplacingMergeTree(_version, _is_deleted)`` table that a migration
+    creates (``templates/clickhouse/table.sql.j2``) and ``cdcsync run`` checks at start.
+
+    ``partition_by`` and ``ttl`` are ClickHouse expressions, written into the DDL as given (a DBA reviews the
+    migration); they may not contain ``;`` or comments. ``settings`` become the table's ``SETTINGS``.
+    """
+
+    type: Literal["clickhouse"]
+    from_: str = Field(alias="from", min_length=1)
+    database: str = Field(default="default", min_length=1)
+    table: str = Field(min_length=1)
+    primary_key: list[str] | None = None
+    compression: Literal["none", "gzip", "lz4", "zstd"] = "none"
+    """Compression of the insert bodies (clickhouse-connect's ``compress``)."""
+    compression_level: int | None = Field(default=None, ge=0, le=9)
+    """Accepted for Streamling compatibility; clickhouse-connect picks the level itself."""
+    append_only_mode: bool = True
+    """True: deletes are rows with ``_is_deleted = 1``. False: deletes are lightweight ``DELETE``s of the key."""
+    partition_by: str | None = None
+    ttl: str | None = None
+    settings: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    low_cardinality: list[str] = Field(default_factory=list)
+    legacy_server: bool = False
+    """For ClickHouse older than 23.2: ``ReplacingMergeTree(_version)`` plus a view hiding deleted rows."""
+    view: str | None = None
+    """The view ``legacy_server`` creates; defaults to ``<table>_current``."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+    _normalise_lc = field_validator("low_cardinality", mode="before")(_as_key_list)
+
+    @field_validator("partition_by", "ttl")
+    @classmethod
+    def _plain_expression(cls, value: str | None) -> str | None:
+        if value is not None and (";" in value or "--" in value or "/*" in value or not value.strip()):
+            raise ValueError("must be one ClickHouse expression, without ';' or comments")
+        return value
+
+    @field_validator("settings")
+    @classmethod
+    def _setting_names(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        for name in settings:
+            if not _CH_SETTING_RE.match(name):
+                raise ValueError(f"'{name}' is not a ClickHouse setting name")
+        return settings
+
+    @property
+    def view_name(self) -> str | None:
+        """The view hiding deleted rows (legacy servers only)."""
+        return (self.view or f"{self.table}_current") if self.legacy_server else None
+
+
 AnySink = PostgresSink | PostgresAggregateSink
+"""Sinks that land in Postgres through the ledgered merge."""
+SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
 
 SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
-SINK_TYPES: dict[str, type[_Model]] = {"postgres": PostgresSink, "postgres_aggregate": PostgresAggregateSink}
-PLANNED_SINK_TYPES = ("clickhouse", "dynamic_table", "delta", "print")
+SINK_TYPES: dict[str, type[_Model]] = {
+    "postgres": PostgresSink,
+    "postgres_aggregate": PostgresAggregateSink,
+    "clickhouse": ClickHouseSink,
+}
+PLANNED_SINK_TYPES = ("dynamic_table", "delta", "print")
 PLANNED_TRANSFORM_TYPES = ("sql", "dynamic_table")
 
 
@@ -170,19 +235,27 @@ class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
     transforms: dict[str, Any] = Field(default_factory=dict)
-    sinks: dict[str, AnySink]
+    sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
 
-    def source_of(self, sink: AnySink) -> KafkaSource:
+    def source_of(self, sink: SinkModel) -> KafkaSource:
         return self.sources[sink.from_]
 
-    def sink_primary_key(self, sink: AnySink) -> list[str]:
+    def postgres_sinks(self) -> dict[str, AnySink]:
+        """The sinks that land in Postgres (mirrors and aggregations)."""
+        return {sid: s for sid, s in self.sinks.items() if not isinstance(s, ClickHouseSink)}
+
+    def clickhouse_sinks(self) -> dict[str, ClickHouseSink]:
+        """The sinks that land in ClickHouse; only a pipeline with some needs a ClickHouse server at all."""
+        return {sid: s for sid, s in self.sinks.items() if isinstance(s, ClickHouseSink)}
+
+    def sink_primary_key(self, sink: SinkModel) -> list[str]:
         """The sink's key: its own ``primary_key``, else its source's (validation guarantees one exists)."""
         key = sink.primary_key or self.source_of(sink).primary_key
         assert key is not None, "validated pipelines always have a sink key"
         return key
 
-    def sinks_of(self, source_id: str) -> dict[str, AnySink]:
+    def sinks_of(self, source_id: str) -> dict[str, SinkModel]:
         return {sink_id: sink for sink_id, sink in self.sinks.items() if sink.from_ == source_id}
 
 
@@ -278,14 +351,16 @@ def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> N
 def _check_sink(
     pipeline_name: str,
     sink_id: str,
-    sink: AnySink,
+    sink: SinkModel,
     sources: dict[str, KafkaSource],
     declared_sources: set[str],
     problems: list[str],
 ) -> None:
     where = _path("sinks", sink_id)
-    _check_identifier(f"{where}.schema", sink.schema_, problems)
-    if isinstance(sink, PostgresAggregateSink):
+    if isinstance(sink, ClickHouseSink):
+        _check_clickhouse_names(where, sink, problems)
+    elif isinstance(sink, PostgresAggregateSink):
+        _check_identifier(f"{where}.schema", sink.schema_, problems)
         _check_identifier(f"{where}.landing_table", sink.landing_table, problems)
         _check_identifier(f"{where}.agg_table", sink.agg_table, problems)
         for name in [*sink.group_by, *sink.aggregate]:
@@ -293,6 +368,7 @@ def _check_sink(
         if sink.landing_table == sink.agg_table:
             problems.append(f"{where}.agg_table: must differ from landing_table ('{sink.landing_table}')")
     else:
+        _check_identifier(f"{where}.schema", sink.schema_, problems)
         _check_identifier(f"{where}.table", sink.table, problems)
     if sink.from_ in declared_sources and sink.from_ not in sources:
         return  # the source itself is invalid and already reported
@@ -321,14 +397,61 @@ def _check_sink(
         problems.append(f"{where}.primary_key: a column is listed twice")
     if isinstance(sink, PostgresAggregateSink):
         problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, source).problems)
+    if isinstance(sink, ClickHouseSink):
+        _check_clickhouse_columns(where, sink, source, key, problems)
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     _check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
         problems.append(f"{where}: pipeline name plus sink id is too long for the internal staging table names")
 
 
-def _target_tables(sink: AnySink) -> list[tuple[str, str]]:
+def _check_clickhouse_names(where: str, sink: ClickHouseSink, problems: list[str]) -> None:
+    for key, name in (("database", sink.database), ("table", sink.table), ("view", sink.view_name)):
+        if name is not None and (any(ord(ch) < 32 for ch in name) or "`" in name):
+            problems.append(f"{where}.{key}: ClickHouse names here cannot contain control characters or '`'")
+    if sink.view is not None and not sink.legacy_server:
+        problems.append(f"{where}.view: only used with legacy_server: true (servers older than 23.2)")
+
+
+def _check_clickhouse_columns(
+    where: str, sink: ClickHouseSink, source: KafkaSource, key: list[str], problems: list[str]
+) -> None:
+    from cdcsync.config.clickhouse_types import METADATA_COLUMNS as CH_METADATA
+    from cdcsync.config.clickhouse_types import is_string_type
+
+    types = source.column_types() if all(_parses(t) for t in source.columns.values()) else {}
+    for column in sink.low_cardinality:
+        if column not in source.columns:
+            problems.append(
+                f"{where}.low_cardinality: column '{column}' is not in source '{sink.from_}'"
+                f"{_did_you_mean(column, list(source.columns))}"
+            )
+        elif column in types and not is_string_type(types[column]):
+            problems.append(
+                f"{where}.low_cardinality: column '{column}' is {types[column].sql}; only columns stored as "
+                "String in ClickHouse (text, varchar, char, json, ...) can be LowCardinality"
+            )
+        elif column in key:
+            problems.append(f"{where}.low_cardinality: '{column}' is a key column; keep keys plain")
+    for name, _ in CH_METADATA:
+        if name in source.columns:
+            problems.append(
+                f"{where}: source column '{name}' clashes with the column cdcsync adds to ClickHouse tables"
+            )
+
+
+def _parses(type_text: str) -> bool:
+    try:
+        parse_pg_type(type_text)
+    except UnknownTypeError:
+        return False
+    return True
+
+
+def _target_tables(sink: SinkModel) -> list[tuple[str, str]]:
     """(YAML key, table name) of every table in ``sink.schema`` the sink owns."""
+    if isinstance(sink, ClickHouseSink):
+        return [("table", sink.table)] + ([("view", sink.view_name)] if sink.view_name else [])
     if isinstance(sink, PostgresAggregateSink):
         return [("landing_table", sink.landing_table), ("agg_table", sink.agg_table)]
     return [("table", sink.table)]
@@ -354,7 +477,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
         problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
 
     sources: dict[str, KafkaSource] = {}
-    sinks: dict[str, AnySink] = {}
+    sinks: dict[str, SinkModel] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
         ("sinks", SINK_TYPES, PLANNED_SINK_TYPES, sinks),
@@ -388,16 +511,15 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
     declared_sources = {str(k) for k in raw["sources"]} if isinstance(raw.get("sources"), dict) else set()
     for source_id, source in sources.items():
         _check_source(source_id, source, problems)
-    seen_tables: dict[tuple[str, str], str] = {}
+    seen_tables: dict[tuple[str, str, str], str] = {}
     for sink_id, sink in sinks.items():
         _check_sink(str(name), sink_id, sink, sources, declared_sources, problems)
+        kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
         for key, table in _target_tables(sink):
-            if (sink.schema_, table) in seen_tables:
-                owner = seen_tables[(sink.schema_, table)]
-                problems.append(
-                    f"sinks.{sink_id}.{key}: {sink.schema_}.{table} is already the target of sink '{owner}'"
-                )
-            seen_tables[(sink.schema_, table)] = sink_id
+            if (kind, namespace, table) in seen_tables:
+                owner = seen_tables[(kind, namespace, table)]
+                problems.append(f"sinks.{sink_id}.{key}: {namespace}.{table} is already the target of sink '{owner}'")
+            seen_tables[(kind, namespace, table)] = sink_id
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")

@@ -42,6 +42,11 @@ class DevStackSettings(_Section):
     kafka_controller_port: int = 19093
     clickhouse_port: int = 18123
     schema_registry_port: int = 18081
+    connect_port: int = 18083
+    """Kafka Connect's REST API (``cdcsync dev up --with-debezium``)."""
+    debezium_database: str = "cdcsync_source"
+    debezium_format: str = "json"
+    debezium_schemas_enable: bool = True
 
 
 class KafkaSettings(_Section):

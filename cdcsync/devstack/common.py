@@ -34,6 +34,13 @@ class DevStackConfig:
     kafka_controller_port: int = 19093
     clickhouse_port: int = 18123
     schema_registry_port: int = 18081
+    connect_port: int = 18083
+    """Kafka Connect's REST API, for ``dev up --with-debezium``."""
+    debezium_database: str = "cdcsync_source"
+    """The database the default Debezium connector captures; also its topic prefix."""
+    debezium_format: str = "json"
+    debezium_schemas_enable: bool = True
+    """JsonConverter ``schemas.enable``: the schema/payload wrapper that carries decimal scales."""
     startup_timeout_s: float = 120.0
     maven_cache_dir: Path | None = None
 

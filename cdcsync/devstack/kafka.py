@@ -98,13 +98,18 @@ def server_properties(cfg: DevStackConfig) -> str:
 
 
 def _java() -> str:
+    return java_executable()
+
+
+def java_executable(purpose: str = "the Kafka broker") -> str:
+    """``$JAVA_HOME/bin/java``, else ``java`` on PATH; ``purpose`` names the service in the error."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
         return str(Path(java_home) / "bin" / "java")
     found = shutil.which("java")
     if not found:
         raise DependencyError(
-            "no Java runtime found (needed for the Kafka broker)",
+            f"no Java runtime found (needed for {purpose})",
             hint="install a JDK/JRE 17 or newer and put `java` on PATH (or set JAVA_HOME)",
         )
     return found

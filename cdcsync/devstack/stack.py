@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cdcsync.devstack import clickhouse, kafka, postgres, schema_registry
+from cdcsync.devstack import clickhouse, debezium, kafka, postgres, schema_registry
 from cdcsync.devstack.common import DevStackConfig, ServiceStatus
 
 
@@ -40,6 +40,11 @@ SERVICES: tuple[_Service, ...] = (
     _Service(clickhouse.NAME, clickhouse.status, clickhouse.start, clickhouse.wait_ready, clickhouse.stop),
 )
 
+# Started only on request (``up(with_debezium=True)``), after the services above are ready: Kafka Connect looks
+# up the Kafka cluster as it starts, and its connector needs Postgres. ``status``/``down`` include it when a pid
+# file shows it was started.
+DEBEZIUM = _Service(debezium.NAME, debezium.status, debezium.start, debezium.wait_ready, debezium.stop)
+
 
 @contextlib.contextmanager
 def _locked(cfg: DevStackConfig) -> Iterator[None]:
@@ -53,35 +58,48 @@ def _locked(cfg: DevStackConfig) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def up(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
+def up(cfg: DevStackConfig, *, with_debezium: bool = False) -> dict[str, ServiceStatus]:
     """Start what is not running, then wait for every service to accept connections.
 
     All services are launched before any is waited for, so their start-up times overlap. A service that is
-    already running is left alone (same pid), but is still checked for readiness.
+    already running is left alone (same pid), but is still checked for readiness. ``with_debezium`` then adds
+    Kafka Connect with the Debezium Postgres connector.
     """
     with _locked(cfg):
-        launched: dict[str, ServiceStatus] = {}
-        for service in SERVICES:
-            current = service.status(cfg)
-            launched[service.name] = current if current.pid is not None else service.start(cfg)
-        result: dict[str, ServiceStatus] = {}
-        for service in SERVICES:
-            service.wait_ready(cfg, None)
-            final = service.status(cfg)
-            final.started = launched[service.name].started
-            final.detail = launched[service.name].detail
-            result[service.name] = final
+        result = _start_and_wait(cfg, SERVICES)
+        if with_debezium:
+            result.update(_start_and_wait(cfg, (DEBEZIUM,)))
         return result
+
+
+def _start_and_wait(cfg: DevStackConfig, services: tuple[_Service, ...]) -> dict[str, ServiceStatus]:
+    launched: dict[str, ServiceStatus] = {}
+    for service in services:
+        current = service.status(cfg)
+        launched[service.name] = current if current.pid is not None else service.start(cfg)
+    result: dict[str, ServiceStatus] = {}
+    for service in services:
+        service.wait_ready(cfg, None)
+        final = service.status(cfg)
+        final.started = launched[service.name].started
+        final.detail = launched[service.name].detail
+        result[service.name] = final
+    return result
+
+
+def _present(cfg: DevStackConfig) -> tuple[_Service, ...]:
+    """The services of this stack: the optional ones only once they were started."""
+    return (*SERVICES, DEBEZIUM) if debezium.was_started(cfg) else SERVICES
 
 
 def down(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
     """Stop only what ``up`` started, newest first."""
     with _locked(cfg):
-        return {service.name: service.stop(cfg) for service in reversed(SERVICES)}
+        return {service.name: service.stop(cfg) for service in reversed(_present(cfg))}
 
 
 def status(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
-    return {service.name: service.status(cfg) for service in SERVICES}
+    return {service.name: service.status(cfg) for service in _present(cfg)}
 
 
 def env_lines(cfg: DevStackConfig) -> list[str]:
@@ -92,4 +110,8 @@ def env_lines(cfg: DevStackConfig) -> list[str]:
         "CDCSYNC__SCHEMA_REGISTRY__URL": schema_registry.url(cfg),
         "CDCSYNC__CLICKHOUSE__URL": clickhouse.url(cfg),
     }
+    if debezium.was_started(cfg):
+        # Not cdcsync settings: where to write source changes and where Kafka Connect's REST API is.
+        values["CDCSYNC_DEV_SOURCE_DSN"] = debezium.source_dsn(cfg)
+        values["CDCSYNC_DEV_CONNECT_URL"] = debezium.url(cfg)
     return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]

@@ -2,8 +2,9 @@
 
 The expensive part of a batch is moving rows between the JVM and Python, so the executors cross that boundary
 once: a single ``mapInArrow`` pass (:class:`StageTask`) decodes the partition's Kafka rows, records its dead
-letters, and stages the decoded changes into every pending sink. Only a row count per sink comes back. The
-driver then merges each sink in its own ledgered transaction.
+letters, and stages the decoded changes into every pending sink: a COPY into a Postgres sink's staging table,
+an Arrow insert into a ClickHouse sink's table (:mod:`cdcsync.sinks.clickhouse`). Only a row count per sink comes
+back. The driver then merges each sink in its own ledgered transaction (for ClickHouse: records the ledger row).
 
 Order per batch, per sink: ledger lookup (skip a batch merged before) -> stage (executors) -> merge + ledger row
 (driver). A transient failure anywhere retries the whole sequence, which is safe because each step is idempotent.
@@ -15,10 +16,11 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cdcsync.runtime.executor_errors import executor_error
-from cdcsync.sinks.postgres import PostgresUpsertSink, StageWriter
+from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
 
 if TYPE_CHECKING:
@@ -29,13 +31,28 @@ log = logging.getLogger(__name__)
 
 _COUNTS_SCHEMA = "sink int, rows bigint"
 
+BatchSink = PostgresUpsertSink | ClickHouseTableSink
+"""Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
+
+
+class ExecutorWriter(Protocol):
+    """Executor side of a sink (picklable): lands one decoded partition, returns the rows it wrote."""
+
+    def stage(self, table: pa.Table) -> int: ...
+
+
+def _writer(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
+        return sink.stage_writer(batch_id, checkpoint_id)
+    return sink.stage_writer(batch_id)
+
 
 @dataclass(frozen=True)
 class StageTask:
     """Executor side: decode one partition, then stage it into each pending sink (picklable)."""
 
     decode: DecodeTask
-    writers: tuple[StageWriter, ...]
+    writers: tuple[ExecutorWriter, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -61,7 +78,7 @@ def land_batch(
     batch_id: int,
     checkpoint_id: str,
     decode: DecodeTask,
-    sinks: dict[str, PostgresUpsertSink],
+    sinks: dict[str, BatchSink],
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
     outcome: dict[str, SinkOutcome] = {}
@@ -73,7 +90,7 @@ def land_batch(
         return outcome
 
     started = time.monotonic()
-    task = StageTask(decode=decode, writers=tuple(sink.stage_writer(batch_id) for sink in pending.values()))
+    task = StageTask(decode=decode, writers=tuple(_writer(sink, batch_id, checkpoint_id) for sink in pending.values()))
     try:
         counts = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
@@ -84,7 +101,10 @@ def land_batch(
     staged_at = time.monotonic()
 
     for index, (sink_id, sink) in enumerate(pending.items()):
-        merged = sink.merge(keys[sink_id])
+        if isinstance(sink, ClickHouseTableSink):  # rows were inserted by the executors; record the batch
+            merged = sink.merge(keys[sink_id], staged[index])
+        else:
+            merged = sink.merge(keys[sink_id])
         outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[index], rows_merged=merged or 0)
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",

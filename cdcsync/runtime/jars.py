@@ -25,6 +25,33 @@ KAFKA_BROKER_COORDINATES = [
 KAFKA_MAIN_CLASS = "kafka.Kafka"
 KAFKA_STORAGE_TOOL_CLASS = "kafka.tools.StorageTool"
 
+# Kafka Connect standalone for the dev stack's Debezium, of the broker's own Kafka version. connect-json brings
+# the JsonConverter; the log4j binding is the broker's.
+KAFKA_CONNECT_COORDINATES = [
+    f"org.apache.kafka:connect-runtime:{KAFKA_VERSION}",
+    f"org.apache.kafka:connect-json:{KAFKA_VERSION}",
+    f"org.apache.logging.log4j:log4j-core:{LOG4J_VERSION}",
+    f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+]
+KAFKA_CONNECT_MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
+
+# The newest Debezium 3.x built against Kafka 4.1 (its `version.kafka` is 4.1.1), so it runs on a 4.1.2 Connect
+# worker as tested upstream. 3.6.x is built against Kafka 4.3 and would need a newer worker.
+DEBEZIUM_VERSION = "3.5.0.Final"
+DEBEZIUM_POSTGRES_COORDINATES = [f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}"]
+# What the Connect worker already provides (Connect's API, the Kafka client, slf4j, Jackson) or what only the
+# client needs: kept out of the plugin directory so the plugin sees the worker's copies. Jackson matters: with
+# a second copy in the plugin, Debezium's converters cannot call the worker's JsonConverter (JsonNode differs).
+DEBEZIUM_PLUGIN_EXCLUSIONS = [
+    "org.apache.kafka:*",
+    "org.slf4j:*",
+    "com.fasterxml.jackson.core:*",
+    "com.github.luben:zstd-jni",
+    "org.lz4:lz4-java",
+    "org.xerial.snappy:snappy-java",
+    "jakarta.ws.rs:jakarta.ws.rs-api",
+]
+
 
 def spark_kafka_connector_coordinate(spark_version: str | None = None) -> str:
     """The connector must match the running Spark exactly; its internals are not binary compatible across minors."""
@@ -74,11 +101,30 @@ def kafka_broker_jars(cache_dir: Path | None = None, *, resolver: MavenResolver 
     return resolver.resolve(KAFKA_BROKER_COORDINATES)
 
 
-def prefetch() -> None:
+def kafka_connect_jars(cache_dir: Path | None = None, *, resolver: MavenResolver | None = None) -> list[Path]:
+    """The classpath of a Kafka Connect standalone worker (REST server, JsonConverter, logging)."""
+    resolver = resolver or MavenResolver(cache_dir)
+    return resolver.resolve(KAFKA_CONNECT_COORDINATES)
+
+
+def debezium_postgres_plugin_jars(
+    cache_dir: Path | None = None, *, resolver: MavenResolver | None = None
+) -> list[Path]:
+    """The Debezium Postgres connector and its own dependencies: one plugin directory's worth of jars."""
+    resolver = resolver or MavenResolver(cache_dir)
+    return resolver.resolve(DEBEZIUM_POSTGRES_COORDINATES, DEBEZIUM_PLUGIN_EXCLUSIONS)
+
+
+def prefetch(*, with_debezium: bool = False) -> None:
     """Resolve every jar cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
-    for name, jars in (("spark kafka connector", spark_kafka_jars()), ("kafka broker", kafka_broker_jars())):
-        print(f"{name}: {len(jars)} jar(s) cached")
+    wanted = [("spark kafka connector", spark_kafka_jars), ("kafka broker", kafka_broker_jars)]
+    if with_debezium:
+        wanted += [("kafka connect", kafka_connect_jars), ("debezium postgres", debezium_postgres_plugin_jars)]
+    for name, resolve in wanted:
+        print(f"{name}: {len(resolve())} jar(s) cached")
 
 
 if __name__ == "__main__":
-    prefetch()
+    import sys
+
+    prefetch(with_debezium="--with-debezium" in sys.argv[1:])

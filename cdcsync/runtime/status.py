@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from cdcsync.config.pipeline import Pipeline, PostgresAggregateSink
+from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.errors import ServiceError
 from cdcsync.sql.render import render
@@ -104,6 +105,9 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
     try:
         with psycopg.connect(settings.postgres_dsn, connect_timeout=10) as conn:
             for sink_id, sink in pipeline.sinks.items():
+                if isinstance(sink, ClickHouseSink):
+                    sinks.append(_clickhouse_status(conn, pipeline, settings, sink_id, sink))
+                    continue
                 last = conn.execute(
                     render("postgres/runtime/ledger_last_batch.sql.j2"),
                     {"pipeline": pipeline.name, "sink": sink_id},
@@ -130,3 +134,22 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
             retriable=True,
         ) from None
     return PipelineStatus(partitions, sinks, int(dead[0]) if dead else 0)
+
+
+def _clickhouse_status(
+    conn: Any, pipeline: Pipeline, settings: Settings, sink_id: str, sink: ClickHouseSink
+) -> SinkStatus:
+    """Last batch from the Postgres ledger; rows are the table's current rows (``FINAL``, not deleted)."""
+    from cdcsync.sinks.clickhouse import connect_from_settings, count_rows
+
+    last = conn.execute(
+        render("postgres/runtime/ledger_last_batch.sql.j2"), {"pipeline": pipeline.name, "sink": sink_id}
+    ).fetchone()
+    client = connect_from_settings(settings)
+    try:
+        rows = count_rows(client, sink.database, sink.table)
+    finally:
+        client.close()
+    return SinkStatus(
+        sink_id, f"{sink.database}.{sink.table}", last[0] if last else None, last[1] if last else None, rows
+    )

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import KafkaSource, Pipeline
+from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline
 from cdcsync.config.settings import Settings
 from cdcsync.errors import CdcsyncError, ServiceError
-from cdcsync.pipeline.batch import land_batch
+from cdcsync.pipeline.batch import BatchSink, land_batch
 from cdcsync.runtime.dbretry import with_retries
+from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.avro import SchemaRegistryAccess
@@ -94,7 +95,7 @@ class BatchHandler:
         pipeline: Pipeline,
         source_id: str,
         source: KafkaSource,
-        sinks: dict[str, PostgresUpsertSink],
+        sinks: dict[str, BatchSink],
         dsn: str,
         checkpoint_dir: Path,
         spark_context: SparkContext,
@@ -205,7 +206,10 @@ class PipelineRunner:
             pipeline=self.pipeline.name,
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
-            sink_targets={sid: f"{s.schema_}.{s.table}" for sid, s in self.pipeline.sinks.items()},
+            sink_targets={
+                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
+                for sid, s in self.pipeline.sinks.items()
+            },
             elapsed=time.monotonic() - self._started,
         )
 
@@ -224,10 +228,13 @@ class PipelineRunner:
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-        sinks = {
-            sink_id: PostgresUpsertSink(self.pipeline, sink_id, sink, self.settings.postgres_dsn)
-            for sink_id, sink in self.pipeline.sinks_of(source_id).items()
-        }
+        sinks: dict[str, BatchSink] = {}
+        for sink_id, sink in self.pipeline.sinks_of(source_id).items():
+            if isinstance(sink, ClickHouseSink):
+                dsn, url = self.settings.postgres_dsn, self.settings.clickhouse_url
+                sinks[sink_id] = ClickHouseTableSink(self.pipeline, sink_id, sink, dsn, url)
+            else:
+                sinks[sink_id] = PostgresUpsertSink(self.pipeline, sink_id, sink, self.settings.postgres_dsn)
         handler = BatchHandler(
             self.pipeline,
             source_id,

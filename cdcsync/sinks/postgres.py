@@ -80,7 +80,8 @@ def newest_per_key(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
     first_of_run: pa.Array | None = None
     for key in primary_key:
         column = table.column(key).combine_chunks()
-        differs = pc.not_equal(column.slice(1), column.slice(0, len(column) - 1))
+        # Null keys (truncate rows) compare as null: count them as a new run, so none is dropped by the filter.
+        differs = pc.fill_null(pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)), True)
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
     assert first_of_run is not None
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
@@ -120,9 +121,16 @@ class PostgresUpsertSink:
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
+        truncate_values = {
+            "internal_schema": names.INTERNAL_SCHEMA,
+            "pipeline": pipeline.name,
+            "sink_id": sink_id,
+            "delete_mode": sink.delete_mode,
+            "on_truncate": sink.on_truncate,
+        }
         self._merge_statements = _split_statements(
-            render(f"postgres/runtime/{merge_template}.sql.j2", **template_values)
-        )
+            render("postgres/runtime/apply_truncate.sql.j2", **template_values, **truncate_values)
+        ) + _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
         self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
         self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
         self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")

@@ -28,7 +28,8 @@ Decisions worth knowing (README material):
   ``timestamp without time zone`` given as a string with an offset keeps its wall-clock time, as a Postgres cast
   does; a ``timestamptz`` string without an offset is taken as UTC. Dates and timestamps must lie in years
   1-9999.
-* ``_cdc_version`` is ``source.lsn`` when the connector gives an integer LSN, else the Kafka offset;
+* ``_cdc_version`` is ``source.lsn`` when the connector gives an integer LSN, else the Kafka offset, minus
+  :data:`SNAPSHOT_SHIFT` (2**62) for snapshot reads so that they never outrank a streamed change;
   ``_cdc_ts`` is ``source.ts_ms``, else the payload's ``ts_ms``, else the Kafka message timestamp.
 * ``character`` without a length is ``character(1)``, as in Postgres.
 
@@ -942,9 +943,7 @@ def _number_parts(match: re.Match[bytes]) -> tuple[int, int] | None:
 def _bad_op(op: Any) -> str:
     if op is None:
         return "no 'op' field: not a Debezium change event"
-    if op == "t":
-        return "truncate events (op 't') are not supported yet"
-    return f"unsupported op {_show(op)}; expected one of c, u, d, r"
+    return f"unsupported op {_show(op)}; expected one of c, u, d, r, t"
 
 
 def _bad_row(op: str, struct: str, row: Any) -> str:
@@ -975,10 +974,22 @@ _PAYLOAD_DECODER_TAIL = """
         ts_ms = payload.get("ts_ms")
         if type(ts_ms) is int and MIN_TS_MS <= ts_ms <= MAX_TS_MS:
             ts = ts_ms * 1000
+    if op == 'r' and version is not None:
+        version -= SNAPSHOT_SHIFT
     values.append(op)
     values.append(version)
     values.append(ts)
     return values
+"""
+
+
+SNAPSHOT_SHIFT = 1 << 62
+"""Subtracted from the version of snapshot reads (op ``r``), so that any streamed change outranks them.
+
+Debezium stamps every snapshot row with the LSN at which the snapshot started, and a change streamed right
+after it can carry that very LSN (a tie), or even a lower one (a transaction that began before the snapshot and
+committed after it). Either way the streamed change is the newer state. Among snapshot reads, a later snapshot
+still outranks an earlier one.
 """
 
 
@@ -996,6 +1007,7 @@ def _compile_payload_decoder(plan: _Plan) -> Callable[[dict[str, Any], Any, byte
         "key_from_message": plan._key_from_message,
         "key_fallback": plan._key_fallback,
         "MAX_BIGINT": _MAX_BIGINT,
+        "SNAPSHOT_SHIFT": SNAPSHOT_SHIFT,
         "MIN_TS_MS": _MIN_TS_MS,
         "MAX_TS_MS": _MAX_TS_MS,
     }
@@ -1006,6 +1018,8 @@ def _compile_payload_decoder(plan: _Plan) -> Callable[[dict[str, Any], Any, byte
         "        struct = 'after'",
         "    elif op == 'd':",
         "        struct = 'before'",
+        "    elif op == 't':",
+        "        return decode_truncate(payload)",
         "    else:",
         "        return bad_op(op)",
         "    row = payload.get(struct)",
@@ -1050,6 +1064,9 @@ def _compile_payload_decoder(plan: _Plan) -> Callable[[dict[str, Any], Any, byte
             "            return reason",
         ]
     source = "\n".join(lines) + "\n" + _PAYLOAD_DECODER_TAIL
+    # A truncate (op 't') has no row and no key: every business column is null; the sinks apply it by version.
+    source += f"\ndef decode_truncate(payload):\n    op = 't'\n    values = [None] * {len(plan.names)}\n"
+    source += _PAYLOAD_DECODER_TAIL
     exec(compile(source, f"<cdcsync decoder for source {plan.spec.source_id!r}>", "exec"), namespace)
     return namespace["decode_payload"]
 
@@ -1233,7 +1250,7 @@ class _Plan:
                 if result[-2] is None:
                     if offsets_in is None:
                         offsets_in = batch.column(names.index("offset")).to_pylist()
-                    result[-2] = offsets_in[i]
+                    result[-2] = offsets_in[i] - (SNAPSHOT_SHIFT if result[-3] == "r" else 0)
                 if result[-1] is None:
                     if kafka_ts is None:
                         kafka_ts = self._kafka_micros(batch)

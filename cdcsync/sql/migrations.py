@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 DATABASE = "postgres"
 STATE_FORMAT = 1
+INTERNAL_VERSION = 2
+"""Version of the tables in the internal schema: 2 added ``truncations``. States without it are version 1."""
 STATE_PREFIX = "-- cdcsync-state: "
 CHECKSUM_PREFIX = "-- checksum: "
 TRAILER_MARKER = "-- cdcsync-ledger:"
@@ -57,6 +59,8 @@ _HEADER_RE = re.compile(r"(?:--[^\n]*(?:\n|$))*")
 _TRAILER_RE = re.compile(r"^" + re.escape(TRAILER_MARKER), re.MULTILINE)
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 _PSQL_APPLY = "psql --single-transaction -v ON_ERROR_STOP=1 -f"
+_APPLY_BY_HAND = {DATABASE: _PSQL_APPLY, "clickhouse": "clickhouse-client --multiquery --queries-file"}
+"""How a DBA applies a file of each database by hand (printed in headers and hints)."""
 
 MigrationState = Literal["applied", "pending", "altered"]
 
@@ -83,8 +87,9 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     table, and its entry has an ``aggregate`` key as well (see :func:`_aggregate_state`).
     """
     sinks: dict[str, Any] = {}
-    for sink_id in sorted(pipeline.sinks):
-        sink = pipeline.sinks[sink_id]
+    postgres_sinks = pipeline.postgres_sinks()  # ClickHouse sinks: cdcsync.sql.clickhouse_migrations
+    for sink_id in sorted(postgres_sinks):
+        sink = postgres_sinks[sink_id]
         source = pipeline.source_of(sink)
         sinks[sink_id] = {
             "schema": sink.schema_,
@@ -102,6 +107,7 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
         "database": DATABASE,
         "pipeline": pipeline.name,
         "internal_schema": names.INTERNAL_SCHEMA,
+        "internal_version": INTERNAL_VERSION,
         "sinks": sinks,
     }
 
@@ -163,17 +169,17 @@ def state_line(state: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def migrations_path(migrations_dir: Path | str, pipeline_name: str) -> Path:
-    """``<migrations_dir>/<pipeline>/postgres``."""
-    return Path(migrations_dir) / pipeline_name / DATABASE
+def migrations_path(migrations_dir: Path | str, pipeline_name: str, database: str = DATABASE) -> Path:
+    """``<migrations_dir>/<pipeline>/<database>`` (``postgres`` or ``clickhouse``)."""
+    return Path(migrations_dir) / pipeline_name / database
 
 
-def list_migration_files(migrations_dir: Path | str, pipeline_name: str) -> list[Path]:
+def list_migration_files(migrations_dir: Path | str, pipeline_name: str, database: str = DATABASE) -> list[Path]:
     """The pipeline's migration files (``NNNN_<what>.sql``) in the order they apply; other files are ignored.
 
     Two files with the same number (a merge of two branches that both ran ``init``) are refused.
     """
-    directory = migrations_path(migrations_dir, pipeline_name)
+    directory = migrations_path(migrations_dir, pipeline_name, database)
     if not directory.is_dir():
         return []
     by_number: dict[int, Path] = {}
@@ -255,9 +261,13 @@ def _valid_state(state: Any) -> bool:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         return False
     sinks = state.get("sinks")
-    if not isinstance(state.get("internal_schema"), str) or not isinstance(sinks, dict):
+    if state.get("database") == "clickhouse":  # cdcsync.sql.clickhouse_migrations.desired_state
+        internal, keys = state.get("internal_database"), {"database", "table", "columns", "primary_key"}
+    else:
+        internal = state.get("internal_schema")
+        keys = {"schema", "table", "columns", "primary_key", "delete_mode", "stage_table", "tombstone_table"}
+    if not isinstance(internal, str) or not isinstance(sinks, dict):
         return False
-    keys = {"schema", "table", "columns", "primary_key", "delete_mode", "stage_table", "tombstone_table"}
     for sink in sinks.values():
         if not isinstance(sink, dict) or not keys <= set(sink) or not isinstance(sink["columns"], list):
             return False
@@ -324,7 +334,7 @@ class InitResult:
 
 @dataclass(frozen=True)
 class _Change:
-    kind: Literal["init", "add_sink", "add_columns"]
+    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns"]
     sink_id: str = ""
     columns: tuple[tuple[str, str], ...] = ()
 
@@ -347,6 +357,13 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
     if old.get("internal_schema", names.INTERNAL_SCHEMA) != new["internal_schema"]:
         destructive.append(
             f"the internal schema changed from '{old.get('internal_schema')}' to '{new['internal_schema']}'"
+        )
+    old_version = old.get("internal_version", 1)
+    if old_version < new["internal_version"]:
+        changes.append(_Change("upgrade_internal"))
+    elif old_version > new["internal_version"]:
+        destructive.append(
+            f"the migrations were written by a newer cdcsync (internal tables version {old_version}); upgrade cdcsync"
         )
     for sink_id in sorted(old_sinks):
         if sink_id not in new_sinks:
@@ -406,7 +423,9 @@ def _aggregate_change(before: dict[str, Any] | None, after: dict[str, Any] | Non
 def _apply_change(state: dict[str, Any], change: _Change, desired: dict[str, Any]) -> dict[str, Any]:
     """The cumulative state after ``change``: existing columns keep their table order, new ones go last."""
     after = json.loads(json.dumps(state))
-    if change.kind == "add_sink":
+    if change.kind == "upgrade_internal":
+        after["internal_version"] = desired["internal_version"]
+    elif change.kind == "add_sink":
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
     elif change.kind == "add_columns":
         after["sinks"][change.sink_id]["columns"].extend(
@@ -445,12 +464,18 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
         what = [
             f"schema {quote_ident(internal_schema)} with tables "
             f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
-            f"{quote_ident(names.DEAD_LETTERS_TABLE)}"
+            f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}"
         ]
         for sink_id, sink in sorted(state["sinks"].items()):
             parts.append(_render_sink(pipeline_name, sink_id, sink, internal_schema))
             what.extend(_sink_what(sink_id, sink, internal_schema))
         return "init", what, "\n".join(parts)
+    if change.kind == "upgrade_internal":
+        body = render(f"{DATABASE}/internal_truncations.sql.j2", schema=internal_schema)
+        what = [
+            f"table {quote_qualified(internal_schema, names.TRUNCATIONS_TABLE)}: the last truncate applied per sink"
+        ]
+        return "upgrade_internal_tables", what, body
     sink = state["sinks"][change.sink_id]
     if change.kind == "add_sink":
         body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)
@@ -474,18 +499,25 @@ def _render_sink(pipeline_name: str, sink_id: str, sink: dict[str, Any], interna
 
 
 def render_migration_file(
-    filename: str, pipeline_name: str, what: list[str], body: str, state: dict[str, Any], *, verb: str = "creates"
+    filename: str,
+    pipeline_name: str,
+    what: list[str],
+    body: str,
+    state: dict[str, Any],
+    *,
+    verb: str = "creates",
+    database: str = DATABASE,
 ) -> str:
-    """The complete text of a generated migration file (header, body, ledger trailer)."""
+    """The complete text of a generated migration file (header, body, ledger trailer) for ``database``."""
     section = "\n" + body.rstrip("\n") + "\n\n"
     checksum = body_checksum(section)
     header = [
-        f"cdcsync migration {filename} for pipeline '{pipeline_name}' ({DATABASE})",
+        f"cdcsync migration {filename} for pipeline '{pipeline_name}' ({database})",
         f"generator: cdcsync {cdcsync.__version__}",
         f"{verb}:",
         *(f"  {line}" for line in what),
         "apply with: cdcsync migrate PIPELINE.yaml",
-        f"        or: {_PSQL_APPLY} {filename}",
+        f"        or: {_APPLY_BY_HAND[database]} {filename}",
         "the checksum covers the SQL between this header and the ledger record at the end;",
         "an applied file must not change: write a new migration instead",
     ]
@@ -496,8 +528,9 @@ def render_migration_file(
         TRAILER_MARKER
         + " record this file as applied (cdcsync migrate records it itself)\n"
         + render(
-            f"{DATABASE}/record_migration.sql.j2",
-            internal_schema=state["internal_schema"],
+            f"{database}/record_migration.sql.j2",
+            internal_schema=state.get("internal_schema"),
+            internal_database=state.get("internal_database"),
             pipeline=pipeline_name,
             filename=filename,
             checksum=checksum,

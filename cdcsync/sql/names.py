@@ -14,6 +14,7 @@ INTERNAL_SCHEMA = "cdcsync"
 SCHEMA_MIGRATIONS_TABLE = "schema_migrations"
 BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
+TRUNCATIONS_TABLE = "truncations"
 
 # Columns of the mirror table beside the business columns.
 VERSION_COLUMN = "_cdc_version"

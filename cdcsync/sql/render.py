@@ -13,6 +13,14 @@ Filters available in every template:
 ``literal``     ``{{ text | literal }}`` -> ``'text'`` (``'`` doubled; ``E'...'`` when it holds a backslash)
 ``pg_type``     ``{{ type_text | pg_type }}`` -> canonical Postgres type, refused unless cdcsync understands it
 ``comment``     ``{{ text | comment }}`` -> text safe inside a ``--`` comment (line breaks escaped)
+
+ClickHouse templates (``templates/clickhouse/``) use backtick quoting instead:
+
+``ch_ident``      ``{{ name | ch_ident }}`` -> ```name``` (backslash and backtick escaped with a backslash)
+``ch_qualified``  ``{{ database | ch_qualified(table) }}`` -> ```db`.`t```
+``ch_columns``    ``{{ names | ch_columns }}`` -> ```a`, `b```
+``ch_literal``    ``{{ text | ch_literal }}`` -> ``'text'`` (backslash and ``'`` escaped with a backslash)
+``ch_value``      ``{{ value | ch_value }}`` -> a setting value: numbers and booleans as is, text as ``ch_literal``
 """
 
 from __future__ import annotations
@@ -135,6 +143,52 @@ def comment_text(value: object) -> str:
     return "".join(out)
 
 
+def ch_quote_ident(name: object) -> str:
+    """Quote a ClickHouse identifier with backticks; ``\\`` and ````` are escaped with a backslash."""
+    _require_defined(name)
+    if not isinstance(name, str):
+        raise TypeError(f"an identifier must be a string, got {type(name).__name__}")
+    if name == "":
+        raise ConfigError("an empty identifier cannot be used in SQL")
+    if "\x00" in name:
+        raise ConfigError(f"identifier {name!r} contains a NUL character")
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def ch_quote_qualified(database: object, name: object) -> str:
+    """``database`` and ``name`` as ```database`.`name```."""
+    return f"{ch_quote_ident(database)}.{ch_quote_ident(name)}"
+
+
+def ch_quote_columns(names: Iterable[object]) -> str:
+    """A list of ClickHouse column names, each quoted, joined with ``, ``."""
+    _require_defined(names)
+    if isinstance(names, str):
+        raise TypeError("the ch_columns filter takes a list of names, not a single string")
+    quoted = [ch_quote_ident(name) for name in names]
+    if not quoted:
+        raise ConfigError("an empty column list cannot be used in SQL")
+    return ", ".join(quoted)
+
+
+def ch_quote_literal(value: object) -> str:
+    """A ClickHouse string literal: backslashes and single quotes escaped with a backslash."""
+    _require_defined(value)
+    if not isinstance(value, str):
+        raise TypeError(f"the ch_literal filter takes a string, got {type(value).__name__}")
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def ch_setting_value(value: object) -> str:
+    """A table setting's value: numbers as is, booleans as 1/0, anything else as a string literal."""
+    _require_defined(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return ch_quote_literal(str(value))
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The shared Jinja environment (cached): strict about undefined values, no HTML autoescaping."""
@@ -153,6 +207,11 @@ def environment() -> jinja2.Environment:
     env.filters["literal"] = quote_literal
     env.filters["pg_type"] = canonical_pg_type
     env.filters["comment"] = comment_text
+    env.filters["ch_ident"] = ch_quote_ident
+    env.filters["ch_qualified"] = ch_quote_qualified
+    env.filters["ch_columns"] = ch_quote_columns
+    env.filters["ch_literal"] = ch_quote_literal
+    env.filters["ch_value"] = ch_setting_value
     return env
 
 

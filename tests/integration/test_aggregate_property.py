@@ -2,8 +2,8 @@
 ``SELECT ... GROUP BY`` over the landing table, and the landing table equals the source's final state.
 
 Changes go through the sink's real SQL (stage COPY + ledgered merge, as executors and the driver run them, without
-Spark) into a real Postgres. Hypothesis generates inserts, updates of values and of group keys, deletes, NULLs,
-re-deliveries of older versions and replays of whole batches.
+Spark) into a real Postgres. Hypothesis generates inserts, updates of values and of group keys, deletes, truncates,
+NULLs, re-deliveries of older versions and replays of whole batches.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ row_values = st.fixed_dictionaries(
         "price": st.one_of(st.none(), st.integers(-40, 40).map(lambda quarters: quarters / 4)),
     }
 )
-change_spec = st.tuples(st.integers(0, 7), st.sampled_from("cud"), row_values)
+change_spec = st.tuples(st.integers(0, 7), st.sampled_from("cudcut"), row_values)  # t: a source TRUNCATE
 batches_spec = st.lists(
     st.tuples(
         st.lists(change_spec, min_size=1, max_size=12),
@@ -182,25 +182,32 @@ def test_aggregates_equal_a_fresh_group_by(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE app.landing, app.by_customer, app.landing_all, app.overall, cdcsync.batch_ledger,"
-            " cdcsync.aggprop__grouped__tombstones, cdcsync.aggprop__overall__tombstones"
+            " cdcsync.truncations, cdcsync.aggprop__grouped__tombstones, cdcsync.aggprop__overall__tombstones"
         )
 
     version = 0
     history: list[dict[str, Any]] = []
     expected: dict[int, dict[str, Any]] = {}  # the source's final state: newest version per key
     newest: dict[int, int] = {}
+    watermark = 0  # version of the newest truncate
     ever_had_rows = False
     for batch_id, (specs, redeliveries, replay) in enumerate(batches):
         changes = []
         for key, op, values in specs:
             version += 1
             row = {"id": key, **values, "_cdc_op": op, "_cdc_version": version, "_cdc_ts": T0}
-            if op == "d":
+            if op in "dt":
                 row.update(customer=None, region=None, amount=None, qty=None, price=None)
+            if op == "t":
+                row["id"] = None
             changes.append(row)
         changes += [history[index % len(history)] for index in redeliveries if history]
         for row in changes:
-            if row["_cdc_version"] > newest.get(row["id"], 0):
+            if row["_cdc_op"] == "t":
+                if row["_cdc_version"] > watermark:  # everything older is gone, and stays gone
+                    watermark = row["_cdc_version"]
+                    expected.clear()
+            elif row["_cdc_version"] > max(newest.get(row["id"], 0), watermark):
                 newest[row["id"]] = row["_cdc_version"]
                 if row["_cdc_op"] == "d":
                     expected.pop(row["id"], None)

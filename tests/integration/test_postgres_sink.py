@@ -30,7 +30,7 @@ SCHEMA = pa.schema(
 )
 
 
-def pipeline(delete_mode: str) -> Pipeline:
+def pipeline(delete_mode: str, on_truncate: str = "apply") -> Pipeline:
     return validate_pipeline_dict(
         {
             "name": "sinktest",
@@ -49,14 +49,15 @@ def pipeline(delete_mode: str) -> Pipeline:
                     "schema": "My App",
                     "table": "select",
                     "delete_mode": delete_mode,
+                    "on_truncate": on_truncate,
                 }
             },
         }
     )
 
 
-def make_sink(delete_mode: str, dsn: str, migrations_dir: Path) -> PostgresUpsertSink:
-    definition = pipeline(delete_mode)
+def make_sink(delete_mode: str, dsn: str, migrations_dir: Path, on_truncate: str = "apply") -> PostgresUpsertSink:
+    definition = pipeline(delete_mode, on_truncate)
     migrations.init(definition, migrations_dir)
     with psycopg.connect(dsn) as conn:
         migrations.apply_pending(conn, definition.name, migrations_dir)
@@ -69,7 +70,12 @@ def sink(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) -> P
 
 
 def change(
-    op: str, key: int, version: int, name: str | None = "n", amount: str | None = "1.00", blob: bytes | None = None
+    op: str,
+    key: int | None,
+    version: int,
+    name: str | None = "n",
+    amount: str | None = "1.00",
+    blob: bytes | None = None,
 ) -> dict[str, Any]:
     return {
         "id": key,
@@ -127,6 +133,29 @@ def test_delete_then_stale_replay_does_not_resurrect(sink: PostgresUpsertSink) -
     assert 1 not in live(sink)
     land(sink, 3, [change("c", 1, 50, "back")])
     assert live(sink)[1]["Name"] == "back"
+
+
+def truncate(version: int) -> dict[str, Any]:
+    """Debezium's truncate: no key, no values, only a version."""
+    return change("t", None, version, None, None)
+
+
+def test_truncate_lands_in_version_order_with_the_changes_around_it(sink: PostgresUpsertSink) -> None:
+    land(sink, 0, [change("c", 1, 10, "before"), change("c", 2, 20, "before")])
+    # One batch over two partitions: changes older than the truncate, the truncate, a change newer than it.
+    land(sink, 1, [change("u", 1, 25, "gone"), truncate(30)], [change("c", 3, 40, "after"), change("u", 2, 28, "x")])
+    assert {key: row["Name"] for key, row in live(sink).items()} == {3: "after"}
+    # Later arrivals older than the truncate are ignored; newer ones land.
+    land(sink, 2, [change("u", 1, 29, "late"), change("c", 2, 50, "new")])
+    assert {key: row["Name"] for key, row in live(sink).items()} == {2: "new", 3: "after"}
+    land(sink, 3, [truncate(60)])
+    assert live(sink) == {}
+
+
+def test_on_truncate_ignore_keeps_the_rows(postgres_dsn: str, tmp_path: Path) -> None:
+    sink = make_sink("hard", postgres_dsn, tmp_path, on_truncate="ignore")
+    land(sink, 0, [change("c", 1, 10, "kept"), truncate(20), change("c", 2, 30, "also")])
+    assert {key: row["Name"] for key, row in live(sink).items()} == {1: "kept", 2: "also"}
 
 
 def test_soft_delete_keeps_stored_values(postgres_dsn: str, tmp_path: Path) -> None:

@@ -310,3 +310,22 @@ def test_filenames_are_slugged(migrations_dir: Path) -> None:
     raw["sinks"]["Orders Copy/ü"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "c"}
     (written,) = migrations.init(pipeline(raw), migrations_dir).written
     assert written.filename == "0002_add_sink_orders_copy.sql"
+
+
+def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: Path) -> None:
+    """Files written before the ``truncations`` table existed (internal tables version 1) are upgraded by a
+    migration of their own; the mirrors are left alone."""
+    migrations.init(pipeline(base_raw()), migrations_dir)
+    first = files_dir(migrations_dir) / "0001_init.sql"
+    old_text = first.read_text()
+    state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
+    old_state = json.loads(state_line[len(migrations.STATE_PREFIX) :])
+    del old_state["internal_version"]
+    first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
+
+    result = migrations.init(pipeline(base_raw()), migrations_dir)
+    assert [m.filename for m in result.written] == ["0002_upgrade_internal_tables.sql"]
+    text = result.written[0].text
+    assert 'CREATE TABLE IF NOT EXISTS "cdcsync"."truncations"' in text
+    assert '"app"."orders"' not in text
+    assert migrations.init(pipeline(base_raw()), migrations_dir).up_to_date

@@ -104,12 +104,13 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.type",
             "postgress",
-            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate (did you mean 'postgres'?)",
+            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse "
+            "(did you mean 'postgres'?)",
         ),
         (
             "sinks.orders_mirror.type",
-            "clickhouse",
-            "sinks.orders_mirror.type: 'clickhouse' is not available in this version",
+            "delta",
+            "sinks.orders_mirror.type: 'delta' is not available in this version",
         ),
         ("sinks.orders_mirror.table", ..., "sinks.orders_mirror.table: required key is missing"),
         (

@@ -134,7 +134,7 @@ def test_internal_schema_golden() -> None:
     sql = render("postgres/internal_schema.sql.j2", schema=names.INTERNAL_SCHEMA)
     check_golden("internal_schema.sql", sql)
     kinds = [type(s).__name__ for s in parse_postgres(sql)]
-    assert kinds == ["Create", "Create", "Comment", "Create", "Comment", "Create", "Comment"]
+    assert kinds == ["Create", "Create", "Comment", "Create", "Comment", "Create", "Comment", "Create", "Comment"]
 
 
 def test_mirror_table_hard_golden() -> None:

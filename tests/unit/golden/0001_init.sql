@@ -1,7 +1,7 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters"
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -13,8 +13,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:d83d87c194207bd1f254887201b2d2efc1f7613cd355e2f85ea9925733d24e46
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
+-- checksum: sha256:ed26e7f1d85acfe394ac66e05d909ba2fcf3305e8339e1c238c2d3384737bea4
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":2,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -52,6 +52,15 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     UNIQUE ("pipeline", "topic", "partition", "offset")
 );
 COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
+    "pipeline" text,
+    "sink" text,
+    "version" bigint NOT NULL,
+    "truncated_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink")
+);
+COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
 
 CREATE SCHEMA IF NOT EXISTS "app";
 
@@ -113,5 +122,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:d83d87c194207bd1f254887201b2d2efc1f7613cd355e2f85ea9925733d24e46')
+VALUES ('shop', '0001_init.sql', 'sha256:ed26e7f1d85acfe394ac66e05d909ba2fcf3305e8339e1c238c2d3384737bea4')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

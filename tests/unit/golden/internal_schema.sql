@@ -34,3 +34,12 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     UNIQUE ("pipeline", "topic", "partition", "offset")
 );
 COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
+    "pipeline" text,
+    "sink" text,
+    "version" bigint NOT NULL,
+    "truncated_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink")
+);
+COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';

@@ -1,0 +1,81 @@
+"""Postgres column types (as declared in a source's ``columns:``) mapped to ClickHouse column types.
+
+One table, used by the migrations (DDL), the startup check (comparing with ``system.columns``) and the sink
+(casting the decoded Arrow columns before the insert), so the three can never disagree.
+
+Choices, and why:
+
+* Integers and floats map to their same-width ClickHouse types; ``boolean`` to ``Bool``.
+* ``numeric(p,s)`` with ``p <= 38`` maps to ``Decimal(p, s)``: it travels from the decoder as an Arrow
+  ``decimal128`` and stays exact. Wider or unconstrained ``numeric`` has no exact Arrow/Spark counterpart, so it
+  is kept as its exact decimal text in a ``String``.
+* Timestamps (with or without time zone) map to ``DateTime64(6, 'UTC')``: microseconds like Postgres; values
+  without a zone are read as UTC, as the decoder already does. ``date`` maps to ``Date32`` (Postgres' range is
+  wider than ``Date``'s 1970-2149).
+* ``uuid`` maps to ``UUID``. ``json``/``jsonb``, ``time``, ``interval`` and ``bytea`` become ``String``: ClickHouse's
+  JSON type is still changing between releases, and text compares exactly with the source.
+* Key columns are never ``Nullable`` (ClickHouse refuses nullable sorting keys by default); every other column is,
+  because the pipeline does not know whether the source allows NULL. ``LowCardinality`` wraps string columns the
+  sink lists in ``low_cardinality`` (outside ``Nullable``, as ClickHouse requires).
+"""
+
+from __future__ import annotations
+
+from cdcsync.config.types import SPARK_MAX_DECIMAL_PRECISION, PgType
+
+_BASE_BY_PG: dict[str, str] = {
+    "smallint": "Int16",
+    "integer": "Int32",
+    "bigint": "Int64",
+    "real": "Float32",
+    "double precision": "Float64",
+    "boolean": "Bool",
+    "text": "String",
+    "character varying": "String",
+    "character": "String",
+    "date": "Date32",
+    "timestamp without time zone": "DateTime64(6, 'UTC')",
+    "timestamp with time zone": "DateTime64(6, 'UTC')",
+    "time without time zone": "String",
+    "interval": "String",
+    "uuid": "UUID",
+    "json": "String",
+    "jsonb": "String",
+    "bytea": "String",
+}
+
+VERSION_COLUMN = "_version"
+DELETED_COLUMN = "_is_deleted"
+TS_COLUMN = "_cdc_ts"
+METADATA_COLUMNS: tuple[tuple[str, str], ...] = (
+    (VERSION_COLUMN, "UInt64"),
+    (DELETED_COLUMN, "UInt8"),
+    (TS_COLUMN, "Nullable(DateTime64(6, 'UTC'))"),
+)
+"""Columns every cdcsync ClickHouse table has after the business columns, with their exact types."""
+
+
+def base_type(pg_type: PgType) -> str:
+    """The ClickHouse type for ``pg_type`` without ``Nullable``/``LowCardinality``."""
+    if pg_type.name == "numeric":
+        if pg_type.args and pg_type.args[0] <= SPARK_MAX_DECIMAL_PRECISION:
+            precision = pg_type.args[0]
+            scale = pg_type.args[1] if len(pg_type.args) > 1 else 0
+            return f"Decimal({precision}, {scale})"
+        return "String"
+    return _BASE_BY_PG[pg_type.name]
+
+
+def is_string_type(pg_type: PgType) -> bool:
+    """True when the column is a ``String`` in ClickHouse, which is what ``LowCardinality`` may wrap."""
+    return base_type(pg_type) == "String"
+
+
+def column_type(pg_type: PgType, *, key: bool, low_cardinality: bool = False) -> str:
+    """The full ClickHouse type of a business column, exactly as ``system.columns.type`` spells it."""
+    ch = base_type(pg_type)
+    if not key:
+        ch = f"Nullable({ch})"
+    if low_cardinality:
+        ch = f"LowCardinality({ch})"
+    return ch

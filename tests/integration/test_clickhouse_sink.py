@@ -1,0 +1,246 @@
+"""ClickHouse migrations, the startup check and the sink's executor writer against a real ClickHouse engine.
+
+No Spark here: the writer is called the way an executor task calls it, with a decoded partition in Arrow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.errors import MigrationError
+from cdcsync.sinks.clickhouse import ClickHouseTableSink, check_table
+from cdcsync.sql import clickhouse_migrations
+from tests.conftest import ClickHouseDatabase, run_env
+
+pytestmark = pytest.mark.integration
+
+
+def _pipeline(database: str, **sink: Any) -> Pipeline:
+    raw = {
+        "name": f"it_{uuid.uuid4().hex[:10]}",  # the ClickHouse migration ledger is shared by the session
+        "sources": {
+            "orders": {
+                "type": "kafka",
+                "topic": "t.orders",
+                "primary_key": ["tenant", "id"],
+                "columns": {"tenant": "text", "id": "bigint", "amount": "numeric(12,2)", "status": "text"},
+            }
+        },
+        "sinks": {
+            "orders_ch": {"type": "clickhouse", "from": "orders", "database": database, "table": "orders", **sink}
+        },
+    }
+    return validate_pipeline_dict(raw)
+
+
+def _migrate(client: Any, pipeline: Pipeline, migrations_dir: Path) -> list[str]:
+    clickhouse_migrations.init(pipeline, migrations_dir)
+    return [item.filename for item in clickhouse_migrations.apply_pending(client, pipeline.name, migrations_dir)]
+
+
+def _changes(rows: list[tuple[str, int, str, int, str | None]]) -> Any:
+    """A decoded partition: (tenant, id, op, version, status) per change, all from topic t.orders partition 0."""
+    import pyarrow as pa
+
+    n = len(rows)
+    return pa.table(
+        {
+            "tenant": [r[0] for r in rows],
+            "id": pa.array([r[1] for r in rows], pa.int64()),
+            "amount": pa.array([Decimal("1.50")] * n, pa.decimal128(12, 2)),
+            "status": [r[4] for r in rows],
+            "_cdc_op": [r[2] for r in rows],
+            "_cdc_version": pa.array([r[3] for r in rows], pa.int64()),
+            "_cdc_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * n, pa.timestamp("us", tz="UTC")),
+            "_cdc_topic": ["t.orders"] * n,
+            "_cdc_partition": pa.array([0] * n, pa.int32()),
+            "_cdc_offset": pa.array(range(100, 100 + n), pa.int64()),
+        }
+    )
+
+
+def _current(client: Any, database: str) -> list[tuple[Any, ...]]:
+    return client.query(
+        f"SELECT tenant, id, status, _version FROM `{database}`.orders FINAL WHERE NOT _is_deleted ORDER BY tenant, id"
+    ).result_rows
+
+
+def test_migrate_creates_the_table_records_the_ledger_and_passes_the_check(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path
+) -> None:
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, low_cardinality="status", settings={"index_granularity": 1024})
+    assert _migrate(client, pipeline, tmp_path) == ["0001_init.sql"]
+    statuses = clickhouse_migrations.status(client, pipeline.name, tmp_path)
+    assert [(s.filename, s.state) for s in statuses] == [("0001_init.sql", "applied")]
+    assert clickhouse_migrations.check_ready(client, pipeline, tmp_path)
+    state = clickhouse_migrations.sink_state(pipeline, pipeline.clickhouse_sinks()["orders_ch"])
+    check_table(client, "orders_ch", state)  # the table the migration made is what the pipeline needs
+    engine = client.command(
+        "SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = 'orders'",
+        parameters={"d": clickhouse_database.database},
+    )
+    assert "ReplacingMergeTree(_version, _is_deleted)" in engine
+    assert "non_replicated_deduplication_window = 1000" in engine and "index_granularity = 1024" in engine
+
+    # A file changed after it was applied is refused, naming it.
+    path = tmp_path / pipeline.name / "clickhouse" / "0001_init.sql"
+    path.write_text(path.read_text().replace("index_granularity = 1024", "index_granularity = 2048"))
+    with pytest.raises(MigrationError, match=r"0001_init\.sql was altered"):
+        clickhouse_migrations.check_ready(client, pipeline, tmp_path)
+
+
+def test_new_source_column_becomes_an_add_columns_migration(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path
+) -> None:
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database)
+    _migrate(client, pipeline, tmp_path)
+    raw = pipeline.model_dump(by_alias=True, exclude={"path"})
+    raw["sources"]["orders"]["columns"]["note"] = "varchar(20)"
+    grown = validate_pipeline_dict(raw)
+    with pytest.raises(MigrationError, match="changed since its last ClickHouse migration"):
+        clickhouse_migrations.check_ready(client, grown, tmp_path)
+    assert _migrate(client, grown, tmp_path) == ["0002_add_columns_orders_ch.sql"]
+    check_table(client, "orders_ch", clickhouse_migrations.sink_state(grown, grown.clickhouse_sinks()["orders_ch"]))
+
+    raw["sources"]["orders"]["columns"]["amount"] = "double precision"
+    with pytest.raises(MigrationError, match="column 'amount' changed type from Nullable"):
+        clickhouse_migrations.plan(validate_pipeline_dict(raw), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("table_ddl", "expected"),
+    [
+        (
+            "(tenant String, id Int64, amount Nullable(Decimal(12, 2)), status Nullable(String), _version UInt64, "
+            "_is_deleted UInt8, _cdc_ts Nullable(DateTime64(6, 'UTC'))) "
+            "ENGINE = ReplacingMergeTree(_version, _is_deleted) ORDER BY (id, tenant)",
+            "it is ORDER BY (id, tenant), the pipeline's primary key is (tenant, id)",
+        ),
+        (
+            "(tenant String, id Int64, amount Nullable(Decimal(12, 2)), _version UInt64, "
+            "_is_deleted UInt8, _cdc_ts Nullable(DateTime64(6, 'UTC'))) "
+            "ENGINE = ReplacingMergeTree(_version, _is_deleted) ORDER BY (tenant, id)",
+            "it has no column status (the pipeline needs Nullable(String))",
+        ),
+        (
+            "(tenant String, id Int64, amount Nullable(Float64), status Nullable(String), _version UInt64, "
+            "_is_deleted UInt8, _cdc_ts Nullable(DateTime64(6, 'UTC'))) ENGINE = MergeTree ORDER BY (tenant, id)",
+            "its column amount is Nullable(Float64), the pipeline needs Nullable(Decimal(12, 2))",
+        ),
+    ],
+    ids=["order-by", "missing-column", "other-type"],
+)
+def test_run_refuses_a_pre_existing_table_that_differs(
+    clickhouse_database: ClickHouseDatabase,
+    tmp_path: Path,
+    postgres_dsn: str,
+    kafka_bootstrap: str,
+    table_ddl: str,
+    expected: str,
+) -> None:
+    """The migration's CREATE TABLE IF NOT EXISTS keeps a table someone made by hand; run must then refuse."""
+    import subprocess
+    import sys
+
+    client = clickhouse_database.client()
+    client.command(f"CREATE TABLE orders {table_ddl}")
+    pipeline = _pipeline(clickhouse_database.database)
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text(yaml.safe_dump(pipeline.model_dump(by_alias=True, exclude={"path"}), sort_keys=False))
+    env = run_env(
+        postgres__dsn=postgres_dsn,
+        kafka__bootstrap_servers=kafka_bootstrap,
+        clickhouse__url=clickhouse_database.url,
+        migrations_dir=tmp_path / "migrations",
+        state_dir=tmp_path / "state",
+    )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "cdcsync", *args, str(pipeline_file)]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    assert cli("init").returncode == 0
+    assert cli("migrate").returncode == 0
+    refused = cli("run", "--available-now")
+    assert refused.returncode == 2, refused.stderr
+    assert f"sink 'orders_ch': table {clickhouse_database.database}.orders does not match" in refused.stderr
+    assert expected in refused.stderr
+    assert "Traceback" not in refused.stderr and "starting Spark" not in refused.stderr
+
+
+def test_run_refuses_a_pending_clickhouse_migration_naming_the_file(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    import psycopg
+
+    from cdcsync.config.settings import load_settings
+    from cdcsync.sinks.clickhouse import startup_check
+    from cdcsync.sql import migrations
+
+    pipeline = _pipeline(clickhouse_database.database)
+    migrations.init(pipeline, tmp_path)
+    clickhouse_migrations.init(pipeline, tmp_path)
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(conn, pipeline.name, tmp_path)  # Postgres done, ClickHouse not
+    settings = load_settings(migrations_dir=tmp_path)
+    settings.clickhouse.url = type(settings.clickhouse.url)(clickhouse_database.url)  # type: ignore[misc,union-attr]
+    with pytest.raises(MigrationError) as refused:
+        startup_check(pipeline, settings)
+    assert f"{tmp_path / pipeline.name / 'clickhouse' / '0001_init.sql'} has not been applied" in str(refused.value)
+    assert "clickhouse-client --multiquery" in (refused.value.hint or "")
+
+
+def test_writer_inserts_versions_and_deletes_and_a_repeated_task_adds_nothing(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, compression="zstd")
+    _migrate(client, pipeline, tmp_path)
+    client.command("SYSTEM STOP MERGES orders")
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    first = _changes([("a", 1, "c", 10, "new"), ("a", 1, "u", 11, "paid"), ("a", 2, "c", 12, "new")])
+    writer = sink.stage_writer(0, "ckpt")
+    assert writer.stage(first) == 2  # collapsed to the newest change per key
+    assert writer.stage(first) == 2  # Spark retried the task: same rows, same token
+    assert client.command("SELECT count() FROM orders") == 2
+    assert _current(client, clickhouse_database.database) == [("a", 1, "paid", 11), ("a", 2, "new", 12)]
+
+    second = _changes([("a", 2, "d", 20, None), ("b", 1, "c", 21, "new")])
+    assert sink.stage_writer(1, "ckpt").stage(second) == 2
+    assert _current(client, clickhouse_database.database) == [("a", 1, "paid", 11), ("b", 1, "new", 21)]
+    deleted = client.query("SELECT _version, _is_deleted FROM orders WHERE tenant = 'a' AND id = 2 ORDER BY _version")
+    assert deleted.result_rows == [(12, 0), (20, 1)]  # the delete is a row with the delete's version
+
+    # A source TRUNCATE reaches sinks as a row without a key: not applied to ClickHouse, and not an error.
+    truncate = _changes([("b", 2, "c", 30, "new"), (None, None, "t", 31, None)])  # type: ignore[list-item]
+    assert sink.stage_writer(2, "ckpt").stage(truncate) == 1
+    assert client.command("SELECT count() FROM orders") == 5
+
+
+def test_append_only_mode_false_deletes_keys_up_to_the_delete_version(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, append_only_mode=False)
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    sink.stage_writer(0, "c").stage(_changes([("a", 1, "c", 10, "new"), ("a", 2, "c", 11, "new")]))
+    # A newer row of a 1 already exists when a delete at version 15 arrives: only older rows go.
+    sink.stage_writer(1, "c").stage(_changes([("a", 1, "u", 30, "paid")]))
+    sink.stage_writer(2, "c").stage(_changes([("a", 1, "d", 15, None), ("a", 2, "d", 16, None)]))
+    raw = client.query("SELECT tenant, id, _version, _is_deleted FROM orders ORDER BY id, _version").result_rows
+    assert raw == [("a", 1, 30, 0)]  # no delete rows: the deleted key's rows are gone, the newer one stays

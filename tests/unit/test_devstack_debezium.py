@@ -1,0 +1,60 @@
+"""The Debezium dev-stack service's generated configs, without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdcsync.devstack import DevStackConfig, debezium
+from cdcsync.errors import ConfigError
+
+
+def test_connector_config_defaults_and_filters() -> None:
+    config = debezium.connector_config(
+        database="src", topic_prefix="p", slot_name="s", publication_name="pub", port=5432, tables=["public.a_b"]
+    )
+    assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
+    assert config["plugin.name"] == "pgoutput"
+    assert config["publication.autocreate.mode"] == "filtered"
+    assert config["table.include.list"] == r"public\.a_b"
+    assert "schema.include.list" not in config
+    assert config["decimal.handling.mode"] == "precise"
+    assert config["time.precision.mode"] == "adaptive"
+    assert config["snapshot.mode"] == "initial"
+    assert config["value.converter.schemas.enable"] == "true"
+    assert "database.password" not in config
+
+
+def test_connector_config_all_tables_overrides_and_formats() -> None:
+    config = debezium.connector_config(
+        database="src",
+        topic_prefix="p",
+        slot_name="s",
+        publication_name="pub",
+        port=5432,
+        schemas_enable=False,
+        overrides={"snapshot.mode": "no_data"},
+    )
+    assert config["publication.autocreate.mode"] == "all_tables"
+    assert config["schema.include.list"] == "public"
+    assert config["value.converter.schemas.enable"] == "false"
+    assert config["snapshot.mode"] == "no_data"
+    with pytest.raises(ConfigError, match="avro"):
+        debezium.connector_config(
+            database="d", topic_prefix="p", slot_name="s", publication_name="p", port=1, value_format="avro"
+        )
+
+
+def test_worker_properties_and_default_connector(tmp_path: Path) -> None:
+    cfg = DevStackConfig(state_dir=tmp_path, kafka_port=29999, postgres_port=55999, connect_port=28999)
+    props = dict(line.split("=", 1) for line in debezium.worker_properties(cfg).splitlines())
+    assert props["bootstrap.servers"] == "127.0.0.1:29999"
+    assert props["listeners"] == "http://127.0.0.1:28999"
+    assert props["plugin.path"] == str(debezium.plugin_dir(cfg))
+    assert props["offset.storage.file.filename"] == str(debezium.offsets_file(cfg))
+    default = debezium.default_connector_config(cfg)
+    assert default["database.dbname"] == "cdcsync_source" == default["topic.prefix"]
+    assert default["database.port"] == "55999"
+    assert debezium.source_dsn(cfg) == "postgresql://cdcsync@127.0.0.1:55999/cdcsync_source"
+    assert not debezium.was_started(cfg)
