@@ -26,6 +26,7 @@ from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.runtime.executor_errors import task_failure
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sources.debezium import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql import names
 from cdcsync.sql.render import render
 
@@ -34,6 +35,19 @@ if TYPE_CHECKING:
 
 
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
+_TOAST_KIND = {
+    "text": "text",
+    "character varying": "text",
+    "bytea": "bytea",
+    "json": "json",
+    "jsonb": "jsonb",
+}
+_PLACEHOLDER_BY_KIND: dict[str, str | bytes] = {
+    "text": UNAVAILABLE_PLACEHOLDER,
+    "bytea": UNAVAILABLE_PLACEHOLDER.encode(),
+    "json": UNAVAILABLE_JSON,
+    "jsonb": UNAVAILABLE_JSON,
+}
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
 
@@ -51,6 +65,8 @@ class StageWriter:
     columns: tuple[str, ...]
     batch_id: int
     sink_label: str
+    toastable: tuple[tuple[str, str | bytes], ...] = ()
+    """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
 
     def stage(self, table: pa.Table) -> int:
         """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
@@ -58,7 +74,7 @@ class StageWriter:
 
         if table.num_rows == 0:
             return 0
-        table = newest_per_key(table, self.primary_key)
+        table = newest_per_key(table, self.primary_key, self.toastable)
         payload = _to_csv(table, self.columns, self.batch_id)
         try:
             with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
@@ -68,8 +84,16 @@ class StageWriter:
         return table.num_rows
 
 
-def newest_per_key(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
-    """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first."""
+def newest_per_key(
+    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, str | bytes], ...] = ()
+) -> pa.Table:
+    """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first.
+
+    ``toastable`` names columns that may hold Debezium's unavailable-value placeholder (an unchanged TOASTed value)
+    and the value it decodes to. When the newest change of a key holds it, the value an older change of the same
+    batch carried is kept instead, so that the merge, which keeps the stored value for a placeholder, does not
+    lose a value set earlier in the batch.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -85,7 +109,29 @@ def newest_per_key(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
     assert first_of_run is not None
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
+    for name, placeholder in toastable:
+        table = _carry_unchanged_values(table, mask, name, placeholder)
     return table.filter(mask)
+
+
+def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: str | bytes) -> pa.Table:
+    """Replace the placeholder in each run's first row by the newest older value of the run (rare: plain Python)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(name).combine_chunks()
+    unavailable = pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+    if not pc.any(pc.and_(unavailable, mask)).as_py():
+        return table
+    values, is_placeholder, starts = column.to_pylist(), unavailable.to_pylist(), mask.to_pylist()
+    for first in (i for i, start in enumerate(starts) if start and is_placeholder[i]):
+        older = first + 1
+        while older < len(values) and not starts[older]:
+            if not is_placeholder[older]:
+                values[first] = values[older]
+                break
+            older += 1
+    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
 
 
 def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:
@@ -107,6 +153,10 @@ class PostgresUpsertSink:
         self.columns = tuple(source.columns)
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
+        self.toastable = {
+            name: _TOAST_KIND[pg.name] for name, pg in source.column_types().items() if pg.name in _TOAST_KIND
+        }
+        """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb)."""
         stage = (names.INTERNAL_SCHEMA, names.stage_table(pipeline.name, sink_id))
         target = (sink.schema_, sink.table)
         template_values: dict[str, Any] = {
@@ -116,6 +166,8 @@ class PostgresUpsertSink:
             "columns": self.columns,
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,
+            "toastable": self.toastable,
+            "placeholder": UNAVAILABLE_PLACEHOLDER,
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
@@ -172,6 +224,7 @@ class PostgresUpsertSink:
             columns=self.columns,
             batch_id=batch_id,
             sink_label=self.label,
+            toastable=tuple((name, _PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:

@@ -576,6 +576,8 @@ def _text_converter(pg: PgType) -> Converter:
             raise _bad(value, expected)
         if "\x00" in text:
             raise _bad(value, expected, "Postgres text cannot contain NUL characters")
+        if is_json and text == UNAVAILABLE_PLACEHOLDER:
+            return UNAVAILABLE_JSON  # an unchanged TOASTed json column: valid JSON, so that it reaches the merge
         if max_length is not None and len(text) > max_length:
             if text[max_length:].strip(" "):
                 raise _Reject(f"{_show(value)} is longer than {expected} allows")
@@ -982,6 +984,12 @@ _PAYLOAD_DECODER_TAIL = """
     return values
 """
 
+
+UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
+"""What Debezium sends for a TOASTed column an update left unchanged (``unavailable.value.placeholder``). It
+travels to the staging table as is (text, bytea as its UTF-8 bytes, json as :data:`UNAVAILABLE_JSON`); the
+merge keeps the stored value instead of writing it (``templates/postgres/runtime/merge_*.sql.j2``)."""
+UNAVAILABLE_JSON = f'"{UNAVAILABLE_PLACEHOLDER}"'
 
 SNAPSHOT_SHIFT = 1 << 62
 """Subtracted from the version of snapshot reads (op ``r``), so that any streamed change outranks them.

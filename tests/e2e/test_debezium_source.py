@@ -191,3 +191,65 @@ def test_first_change_after_the_snapshot_wins(
     project.prepare()
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_mirror_equals_source(source.dsn, postgres_dsn)
+
+
+DOCS_COLUMNS = {"id": "bigint", "title": "text", "body": "text", "blob": "bytea", "meta": "jsonb"}
+
+
+def _docs_rows(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    query = sql.SQL("SELECT {} FROM {} ORDER BY id").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in DOCS_COLUMNS), sql.Identifier(schema, "docs")
+    )
+    with psycopg.connect(dsn) as conn:
+        return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in conn.execute(query)]
+
+
+def test_unchanged_toasted_values_and_truncates_follow_the_source(
+    make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, debezium_source: DebeziumSource
+) -> None:
+    """An update that leaves a large (TOASTed) text, bytea or jsonb value alone arrives with Debezium's
+    placeholder instead of the value: the mirror must keep what it has. A TRUNCATE empties the mirror in order
+    with the changes around it."""
+    source, rng = debezium_source, random.Random(5)
+
+    def big() -> tuple[str, bytes, str]:  # incompressible enough to be stored out of line
+        return rng.randbytes(6000).hex(), rng.randbytes(9000), '{"payload": "' + rng.randbytes(6000).hex() + '"}'
+
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.docs (id bigint PRIMARY KEY, title text, body text, blob bytea, meta jsonb)")
+        for key in range(1, 7):
+            conn.execute("INSERT INTO docs VALUES (%s, %s, %s, %s, %s)", (key, f"v1-{key}", *big()))
+    source.capture("public.docs", overrides={"skipped.operations": "none"})  # Debezium skips truncates by default
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE docs SET title = 'v2-' || id")  # body, blob and meta arrive as the placeholder
+        conn.execute("UPDATE docs SET body = %s WHERE id = 2", (big()[0],))
+        with conn.transaction():  # a value set, then left alone, in one micro-batch
+            conn.execute("UPDATE docs SET meta = %s WHERE id = 3", (big()[2],))
+            conn.execute("UPDATE docs SET title = 'v3' WHERE id = 3")
+        conn.execute("INSERT INTO docs VALUES (7, 'new', %s, %s, %s)", big())
+    source.wait_caught_up()
+
+    project = make_project(
+        {
+            "name": "toast",
+            "sources": {"docs": {"type": "kafka", "topic": source.topic("public.docs"), "columns": DOCS_COLUMNS}},
+            "sinks": {
+                "mirror": {"type": "postgres", "from": "docs", "schema": "app", "table": "docs", "primary_key": "id"}
+            },
+        }
+    )
+    project.prepare()
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM app.docs WHERE body LIKE '%unavailable%'").fetchone() == (0,)
+    assert _docs_rows(postgres_dsn, "app") == _docs_rows(source.dsn, "public")
+
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE docs SET title = 'before truncate' WHERE id = 1")
+        conn.execute("TRUNCATE docs")
+        conn.execute("INSERT INTO docs VALUES (8, 'after truncate', %s, %s, %s)", big())
+        conn.execute("UPDATE docs SET title = 'after, changed' WHERE id = 8")
+    source.wait_caught_up()
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    assert [row[:2] for row in _docs_rows(postgres_dsn, "app")] == [(8, "after, changed")]
+    assert _docs_rows(postgres_dsn, "app") == _docs_rows(source.dsn, "public")

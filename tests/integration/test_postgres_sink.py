@@ -158,6 +158,20 @@ def test_on_truncate_ignore_keeps_the_rows(postgres_dsn: str, tmp_path: Path) ->
     assert {key: row["Name"] for key, row in live(sink).items()} == {1: "kept", 2: "also"}
 
 
+PLACEHOLDER = "__debezium_unavailable_value"  # what Debezium sends for an unchanged TOASTed value
+
+
+def test_unchanged_toasted_values_keep_the_stored_value(sink: PostgresUpsertSink) -> None:
+    big = "x" * 5000
+    land(sink, 0, [change("c", 1, 10, big, blob=b"\x00" * 3000), change("c", 2, 11, big, blob=b"\x01")])
+    land(sink, 1, [change("u", 1, 20, PLACEHOLDER, "2.00", blob=PLACEHOLDER.encode())])
+    row = live(sink)[1]
+    assert (row["Name"], bytes(row["blob"]), row["amount"]) == (big, b"\x00" * 3000, Decimal("2.00"))
+    # Within one batch: a value set, then left unchanged by a newer change; the set value wins.
+    land(sink, 2, [change("u", 2, 30, "set in batch"), change("u", 2, 31, PLACEHOLDER, "3.00")])
+    assert live(sink)[2]["Name"] == "set in batch" and live(sink)[2]["amount"] == Decimal("3.00")
+
+
 def test_soft_delete_keeps_stored_values(postgres_dsn: str, tmp_path: Path) -> None:
     sink = make_sink("soft", postgres_dsn, tmp_path)
     land(sink, 0, [change("c", 7, 10, "kept", "9.99")])

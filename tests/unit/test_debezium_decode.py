@@ -322,6 +322,14 @@ def test_a_truncate_is_a_row_without_values_or_key() -> None:
     assert (row["_cdc_op"], row["_cdc_version"], row["_dlq_reason"]) == ("t", 5000, None)
 
 
+def test_the_toast_placeholder_of_a_json_column_is_valid_json() -> None:
+    """Debezium's placeholder for an unchanged TOASTed value must reach the merge, which keeps the stored value."""
+    spec = make_spec({"id": "bigint", "doc": "jsonb", "body": "text"})
+    placeholder = "__debezium_unavailable_value"
+    (row,) = decode(spec, [(key(1), dumps(change("u", after={"id": 1, "doc": placeholder, "body": placeholder})))])
+    assert (row["doc"], row["body"]) == (f'"{placeholder}"', placeholder)
+
+
 def test_a_missing_field_is_null() -> None:
     row = only(decode(BASIC, [(key(1), dumps(change("c", after={"id": 1})))]))
     assert business(row, BASIC) == {"id": 1, "name": None, "qty": None}

@@ -151,6 +151,23 @@ def test_newest_per_key_keeps_the_highest_version_of_each_key() -> None:
     assert sorted(composite["v"].to_pylist()) == ["a9", "b3", "c7", "d2"]
 
 
+def test_newest_per_key_keeps_truncates_and_carries_unchanged_toasted_values() -> None:
+    placeholder = "__debezium_unavailable_value"
+    table = pa.table(
+        {
+            "a": [1, 1, 1, None, 2, None, 2],
+            "_cdc_version": [5, 9, 7, 20, 3, 30, 4],
+            "body": ["old", placeholder, "set", None, placeholder, None, placeholder],
+        }
+    )
+    rows = newest_per_key(table, ("a",), (("body", placeholder),)).to_pylist()
+    by_version = {row["_cdc_version"]: (row["a"], row["body"]) for row in rows}
+    # key 1: the newest change left body unchanged, so the value set earlier in the batch is carried; key 2: no
+    # older value in the batch, so the placeholder stays (the merge keeps the stored value); truncates (null key)
+    # are never dropped.
+    assert by_version == {9: (1, "set"), 4: (2, placeholder), 20: (None, None), 30: (None, None)}
+
+
 def test_copy_csv_keeps_empty_strings_apart_from_nulls_and_hex_encodes_bytes() -> None:
     csv = arrow_to_copy_csv([pa.array(["", None, 'q"uote']), pa.array([b"\x00\x01", None, b""], pa.binary())])
     assert csv.decode().splitlines() == ['"","\\x0001"', ",", '"q""uote","\\x"']
