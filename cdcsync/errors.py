@@ -85,6 +85,14 @@ class DecodeError(CdcsyncError):
     user_error = True
 
 
+class UndecodableMessage(CdcsyncError):
+    """A message could not be decoded and its source says ``on_decode_error: fail``: the run stops (exit 1).
+
+    Not a user error in the contract's sense (exit 2 is for configuration, pipelines and migrations): the input
+    at fault is data in Kafka, and the run fails on it at run time.
+    """
+
+
 def exit_code_for(error: BaseException) -> int:
     if isinstance(error, CdcsyncError) and error.user_error:
         return EXIT_INVALID_INPUT

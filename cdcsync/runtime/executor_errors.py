@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from cdcsync.errors import CdcsyncError, DecodeError, SinkError
+from cdcsync.errors import CdcsyncError, SinkError, UndecodableMessage
 from cdcsync.runtime.dbretry import classify_postgres_error
 
 RETRIABLE_MARKER = "[cdcsync:retriable]"
@@ -38,7 +38,7 @@ def executor_error(error: BaseException, doing: str) -> CdcsyncError:
     """The CdcsyncError a failed Spark job stands for: a decode failure, or a (maybe transient) sink failure."""
     detail, retriable = executor_failure(error)
     if DECODE_FAILURE_MARKER in str(error):
-        return DecodeError(
+        return UndecodableMessage(
             detail,
             hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
         )

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config import clickhouse_types
 from cdcsync.errors import CdcsyncError, MigrationError, ServiceError, SinkError
 from cdcsync.runtime.executor_errors import RETRIABLE_MARKER
+from cdcsync.sinks.ledger import LedgeredSink
 from cdcsync.sql import clickhouse_migrations
 from cdcsync.sql.render import render
 
@@ -187,14 +188,12 @@ def to_clickhouse_arrow(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names)
 
 
-class ClickHouseTableSink:
+class ClickHouseTableSink(LedgeredSink):
     """Driver side of one ``type: clickhouse`` sink; the same protocol as the Postgres sinks' driver side."""
 
     def __init__(self, pipeline: Pipeline, sink_id: str, sink: ClickHouseSink, dsn: str, clickhouse_url: str) -> None:
-        self.pipeline = pipeline
-        self.sink_id = sink_id
+        super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
-        self.dsn = dsn
         self.clickhouse_url = clickhouse_url
         self.state = clickhouse_migrations.sink_state(pipeline, sink)
         self.columns = tuple(pipeline.source_of(sink).columns)
@@ -207,26 +206,11 @@ class ClickHouseTableSink:
             primary_key=self.primary_key,
             key_types=self.key_types,
         )
-        self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
-        self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
-        self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
         self._rows_staged = 0
-
-    @property
-    def label(self) -> str:
-        return f"sink '{self.sink_id}'"
 
     @property
     def target_name(self) -> str:
         return f"{self.sink.database}.{self.sink.table}"
-
-    def ledger_key(self, batch_id: int, checkpoint_id: str) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline.name,
-            "sink": self.sink_id,
-            "checkpoint_id": checkpoint_id,
-            "batch_id": batch_id,
-        }
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the Postgres ledger already holds this batch (it landed before)."""

@@ -25,6 +25,7 @@ from cdcsync.config.pipeline import AnySink, Pipeline
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.runtime.executor_errors import task_failure
+from cdcsync.sinks.ledger import LedgeredSink
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sources.debezium import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql import names
@@ -141,14 +142,12 @@ def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:
     return arrow_to_copy_csv([batch_ids, *(table.column(name) for name in (*columns, *_METADATA_TO_STAGE))])
 
 
-class PostgresUpsertSink:
+class PostgresUpsertSink(LedgeredSink):
     """Driver side of one ``type: postgres`` sink."""
 
     def __init__(self, pipeline: Pipeline, sink_id: str, sink: AnySink, dsn: str) -> None:
-        self.pipeline = pipeline
-        self.sink_id = sink_id
+        super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
-        self.dsn = dsn
         source = pipeline.source_of(sink)
         self.columns = tuple(source.columns)
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
@@ -183,25 +182,10 @@ class PostgresUpsertSink:
         self._merge_statements = _split_statements(
             render("postgres/runtime/apply_truncate.sql.j2", **template_values, **truncate_values)
         ) + _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
-        self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
-        self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
-        self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
-
-    @property
-    def label(self) -> str:
-        return f"sink '{self.sink_id}'"
 
     @property
     def target_name(self) -> str:
         return f"{self.sink.schema_}.{self.sink.table}"
-
-    def ledger_key(self, batch_id: int, checkpoint_id: str) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline.name,
-            "sink": self.sink_id,
-            "checkpoint_id": checkpoint_id,
-            "batch_id": batch_id,
-        }
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the ledger already holds this batch; else empty the stage of a crashed attempt's rows."""

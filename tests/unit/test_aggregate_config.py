@@ -10,8 +10,9 @@ import pytest
 
 import cdcsync
 from cdcsync.config.pipeline import validate_pipeline_dict
-from cdcsync.errors import ConfigError, MigrationError, exit_code_for
+from cdcsync.errors import MigrationError
 from cdcsync.sql import migrations
+from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 
 pytestmark = pytest.mark.unit
@@ -60,23 +61,7 @@ VALID: dict[str, Any] = {
 
 
 def changed(path: str, value: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(VALID)
-    *parents, last = path.split(".")
-    node = doc
-    for part in parents:
-        node = node[part]
-    if value is ...:
-        del node[last]
-    else:
-        node[last] = value
-    return doc
-
-
-def problems_of(doc: Any) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        validate_pipeline_dict(doc)
-    assert exit_code_for(caught.value) == 2
-    return caught.value.problems or [caught.value.message]
+    return with_change(path, value, VALID)
 
 
 def test_resolved_types_follow_postgres_own_aggregates() -> None:

@@ -31,9 +31,9 @@ VALID: dict[str, Any] = {
 }
 
 
-def with_change(path: str, value: Any) -> dict[str, Any]:
-    """A copy of VALID with the dotted ``path`` set to ``value`` (``...`` deletes the key)."""
-    doc = copy.deepcopy(VALID)
+def with_change(path: str, value: Any, base: dict[str, Any] = VALID) -> dict[str, Any]:
+    """A copy of ``base`` with the dotted ``path`` set to ``value`` (``...`` deletes the key)."""
+    doc = copy.deepcopy(base)
     *parents, last = path.split(".")
     node = doc
     for part in parents:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.settings import load_settings, redact_dsn
-from cdcsync.errors import ConfigError, DecodeError, SinkError
+from cdcsync.errors import ConfigError, SinkError, UndecodableMessage, exit_code_for
 from cdcsync.runtime.dbretry import with_retries
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, RETRIABLE_MARKER, executor_error
 from cdcsync.runtime.status import committed_offsets
@@ -114,7 +114,7 @@ def test_executor_errors_keep_their_classification() -> None:
     assert isinstance(error, SinkError) and error.retriable
     assert str(error) == "staging batch 3: sink 'm': COPY failed: connection refused"
     decode = executor_error(RuntimeError(f"RuntimeError: {DECODE_FAILURE_MARKER} message at t/0@5 ..."), "x")
-    assert isinstance(decode, DecodeError) and decode.user_error and "t/0@5" in str(decode)
+    assert isinstance(decode, UndecodableMessage) and exit_code_for(decode) == 1 and "t/0@5" in str(decode)
 
 
 def test_lag_per_partition_from_progress() -> None:
