@@ -79,12 +79,17 @@ def summarise(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
     audit = fetch(dsn, "SELECT count(*), count(*) FILTER (WHERE _cdc_deleted) FROM app.orders_with_deleted")[0]
     dead = fetch(dsn, "SELECT reason, count(*) FROM cdcsync.dead_letters WHERE pipeline = 'shop' GROUP BY 1 ORDER BY 1")
     ledger = fetch(dsn, "SELECT sink, count(*), sum(rows_written) FROM cdcsync.batch_ledger GROUP BY 1 ORDER BY 1")
+    revenue = {
+        row[0]: row[1:]
+        for row in fetch(dsn, "SELECT customer_id, revenue, orders, largest, avg_amount FROM app.revenue_by_customer")
+    }
 
     table = Table(title="target tables", title_justify="left")
     for column in ("table", "rows", "note"):
         table.add_column(column)
     table.add_row("app.orders", f"{len(mirror):,}", "hard deletes: one row per live key")
     table.add_row("app.orders_with_deleted", f"{audit[0]:,}", f"soft deletes: {audit[1]:,} flagged _cdc_deleted")
+    table.add_row("app.revenue_by_customer", f"{len(revenue):,}", "groups: sum, count, avg, max per customer_id")
     table.add_row("cdcsync.dead_letters", f"{sum(n for _, n in dead):,}", "; ".join(f"{n} x {r[:40]}" for r, n in dead))
     for sink, batches, rows in ledger:
         table.add_row(f"cdcsync.batch_ledger, sink {sink}", f"{batches:,} batches", f"{rows:,} changes applied")
@@ -98,14 +103,38 @@ def summarise(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
         sample.add_row(*(str(mirror[key][c]) for c in columns))
     console.print(sample)
 
+    top = Table(title="app.revenue_by_customer (top 5 by revenue)", title_justify="left")
+    for column in ("customer_id", "revenue", "orders", "largest", "avg_amount"):
+        top.add_column(column)
+    for customer, values in sorted(revenue.items(), key=lambda item: -(item[1][0] or 0))[:5]:
+        top.add_row(str(customer), *(str(v) for v in values[:3]), f"{values[3]:.2f}")
+    console.print(top)
+
+    if revenue_from_source(expected) != {customer: values[:3] for customer, values in revenue.items()}:
+        console.print("[bold red]app.revenue_by_customer differs from the source's final state[/]")
+        sys.exit(1)
     differing = [k for k in expected if mirror.get(k) != expected[k]]
     extra = mirror.keys() - expected.keys()
     if differing or extra:
         console.print(f"[bold red]mirror differs from the source: {len(differing)} rows differ, {len(extra)} extra[/]")
         sys.exit(1)
     console.print(
-        f"[bold green]verified:[/] app.orders equals the source's final state, row for row ({len(expected):,} rows)"
+        f"[bold green]verified:[/] app.orders equals the source's final state, row for row ({len(expected):,} rows), "
+        f"and app.revenue_by_customer its sums, counts and maxima ({len(revenue):,} customers)"
     )
+
+
+def revenue_from_source(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    """(sum, count, max) of amount per customer, by SQL's rules: NULL amounts are ignored, all-NULL sums are NULL."""
+    groups: dict[int, list[Any]] = {}
+    for row in rows.values():
+        total, count, largest = groups.setdefault(row["customer_id"], [None, 0, None])
+        amount = row["amount"]
+        if amount is not None:
+            total = amount if total is None else total + amount
+            largest = amount if largest is None else max(largest, amount)
+        groups[row["customer_id"]] = [total, count + 1, largest]
+    return {customer: tuple(values) for customer, values in groups.items()}
 
 
 if __name__ == "__main__":
