@@ -12,6 +12,7 @@ import yaml
 from cdcsync.config.pipeline import load_pipeline, validate_pipeline_dict
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
 from cdcsync.errors import ConfigError, exit_code_for
+from cdcsync.sql import migrations
 
 pytestmark = pytest.mark.unit
 
@@ -213,8 +214,10 @@ def test_load_pipeline_missing_file(tmp_path: Path) -> None:
 def test_bundled_example_is_valid() -> None:
     example = Path(__file__).parents[2] / "examples" / "shop.yaml"
     pipeline = load_pipeline(example)
-    assert set(pipeline.sinks) == {"orders_mirror", "orders_audit"}
+    assert set(pipeline.sinks) == {"orders_mirror", "orders_audit", "revenue"}
     assert yaml.safe_load(example.read_text())["name"] == pipeline.name
+    migrations_dir = example.parents[1] / "migrations"
+    assert migrations.plan(pipeline, migrations_dir) == [], "run `cdcsync init examples/shop.yaml` and commit the file"
 
 
 @pytest.mark.parametrize(
