@@ -210,6 +210,8 @@ def _arrow_type(spark_type: str) -> pa.DataType:
     match = _DECIMAL_TYPE_RE.fullmatch(spark_type)
     if match:
         return pa.decimal128(int(match.group(1)), int(match.group(2)))
+    if spark_type.startswith("array<") and spark_type.endswith(">"):
+        return pa.list_(_arrow_type(spark_type[6:-1]))
     raise DecodeError(f"Spark type '{spark_type}' has no Arrow counterpart in the decoder")
 
 
@@ -471,8 +473,8 @@ def _numeric_converter(name: str, pg: PgType) -> Converter:
             if isinstance(parts, str):
                 return parts
             coefficient, exponent = parts
-            if coefficient == 0:
-                return "0"
+            if coefficient == 0:  # keeps its scale, as Postgres does (0.000)
+                return _unscaled_text(0, -exponent) if exponent < 0 else "0"
             digits = len(str(abs(coefficient)))
             if digits + exponent > _POSTGRES_MAX_INTEGER_DIGITS or -exponent > _POSTGRES_MAX_FRACTION_DIGITS:
                 raise _Reject(f"{_show(value)} is out of range for numeric")
@@ -764,8 +766,132 @@ def _interval_converter(pg: PgType) -> Converter:
     return convert
 
 
+_TIMETZ_RE = re.compile(
+    r"([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?\s*(Z|z|[+-][0-9]{2}(?::?[0-9]{2}(?::?[0-9]{2})?)?)"
+)
+_DEBEZIUM_BITS = "io.debezium.data.Bits"
+
+
+def _timetz_converter(pg: PgType) -> Converter:
+    """``time with time zone`` from io.debezium.time.ZonedTime (``HH:MM:SS[.f]Z``, Debezium converts it to UTC)
+    or any ``HH:MM[:SS[.f]]±hh[:mm]``. Written back with its offset, fraction truncated to microseconds."""
+    expected = pg.sql
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is str:
+            match = _TIMETZ_RE.fullmatch(value.strip())
+            if match:
+                hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
+                micros = int((match[4] or "").ljust(6, "0")[:6])
+                total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + micros
+                offset = match[5]
+                offset_hours = 0 if offset in ("Z", "z") else int(offset[1:3])
+                if minute < 60 and second < 60 and total <= _US_PER_DAY and offset_hours <= 15:
+                    zone = "+00" if offset in ("Z", "z") else offset
+                    return _time_text(total) + zone
+            raise _bad(value, expected, "expected HH:MM:SS[.ffffff] with a UTC offset, as ZonedTime writes it")
+        if value is None:
+            return None
+        raise _bad(value, expected, "expected a ZonedTime string")
+
+    return convert
+
+
+def _bits_converter(name: str, pg: PgType) -> Converter:
+    """``bit(n)`` / ``bit varying(n)`` from io.debezium.data.Bits: base64 bytes, little-endian, the last bit of
+    the string in the lowest bit of the first byte, trailing zero bytes dropped. ``bit(n)`` gets its leading zeros
+    back from n; a ``bit varying`` value cannot (Debezium drops them), so it comes back without them. A one-bit
+    column arrives as a boolean. Written as the Postgres bit-string literal (``0101``)."""
+    expected = pg.sql
+    width = None
+    if pg.name == "bit":
+        width = pg.args[0] if pg.args else 1  # Postgres: bit without a length is bit(1)
+    limit = width if width is not None else (pg.args[0] if pg.args else None)
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if value is True or value is False:
+            bits = "1" if value else "0"
+        elif type(value) is str:
+            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else _DEBEZIUM_BITS
+            if logical == _DEBEZIUM_BITS:
+                try:
+                    number = int.from_bytes(_b64(value), "little")
+                except ValueError:
+                    raise _bad(value, expected, "not base64 Bits bytes") from None
+                bits = format(number, "b") if width is None else format(number, "b").rjust(width, "0")
+            elif value and not value.strip("01"):
+                bits = value
+            else:
+                raise _bad(value, expected, "expected Bits bytes or a string of 0s and 1s")
+        elif value is None:
+            return None
+        else:
+            raise _bad(value, expected, "expected Bits bytes (base64) or a boolean")
+        if limit is not None and len(bits) > limit:
+            raise _Reject(f"{_show(value)} has {len(bits)} bits, more than {expected} holds")
+        if width is not None and len(bits) < width:
+            bits = bits.rjust(width, "0")
+        return bits
+
+    return convert
+
+
+def _array_converter(name: str, pg: PgType, source_id: str) -> Converter:
+    """Arrays: a JSON list, each element read by the element type's converter with the schema's ``items`` as
+    its Connect schema (so a ``numeric(10,2)[]`` element may be Decimal bytes with the array's scale). Decimal
+    elements become ``Decimal`` for Arrow's list of decimal128; one-dimensional arrays only."""
+    assert pg.element is not None
+    element = pg.element
+    convert_element = _converter_for(name, element, source_id)
+    decimal_scale = -1
+    if element.spark_type.startswith("decimal"):
+        decimal_scale = element.args[1] if len(element.args) > 1 else 0
+    expected = pg.sql
+    memo_key = "\x00cdcsync:items"
+
+    def element_ctx(ctx: _Ctx) -> _Ctx:
+        column = _column_schema(ctx, name) if ctx[0] is not None else None
+        if column is None:
+            return (None, "", b"")
+        synthetic = column.get(memo_key)
+        if synthetic is None:
+            items = column.get("items")
+            synthetic = {"fields": [dict(items, field=name) if type(items) is dict else {"field": name}]}
+            column[memo_key] = synthetic
+        return (synthetic, "", b"")
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is not list:
+            if value is None:
+                return None
+            if value == UNAVAILABLE_PLACEHOLDER:
+                raise _bad(value, expected, "an unchanged TOASTed array: not supported yet, use REPLICA IDENTITY FULL")
+            raise _bad(value, expected, "expected a JSON array")
+        inner = element_ctx(ctx)
+        out: list[Any] = []
+        for item in value:
+            if type(item) is list:
+                raise _bad(value, expected, "multidimensional arrays are not supported")
+            try:
+                converted = convert_element(item, inner)
+            except _Reject as error:
+                raise _Reject(f"element {len(out) + 1}: {error}") from None
+            if decimal_scale >= 0 and type(converted) is int:
+                converted = Decimal(f"{converted}E-{decimal_scale}")
+            out.append(converted)
+        return out
+
+    return convert
+
+
 def _converter_for(name: str, pg: PgType, source_id: str) -> Converter:
     kind = pg.name
+    if kind == "array":
+        return _array_converter(name, pg, source_id)
+    if kind == "time with time zone":
+        return _timetz_converter(pg)
+    if kind in ("bit", "bit varying"):
+        return _bits_converter(name, pg)
     if kind in _INT_RANGES:
         return _int_converter(pg)
     if kind in ("real", "double precision"):
