@@ -69,7 +69,21 @@ _ARGS_ARITY: dict[str, tuple[int, ...]] = {
     "character": (1,),
     "bit": (1,),
     "bit varying": (1,),
+    "time without time zone": (1,),
+    "time with time zone": (1,),
+    "timestamp without time zone": (1,),
+    "timestamp with time zone": (1,),
 }
+TEMPORAL_WITH_PRECISION = (
+    "time without time zone",
+    "time with time zone",
+    "timestamp without time zone",
+    "timestamp with time zone",
+)
+"""Types whose argument is a fractional-seconds precision (0-6), written ``timestamp(3) with time zone``."""
+_PRECISION_BEFORE_ZONE_RE = re.compile(
+    r"^\s*(?P<base>timestamp|time)\s*\(\s*(?P<p>[0-9]+)\s*\)\s*(?P<zone>with(?:out)?\s+time\s+zone)\s*(?P<rest>.*)$"
+)
 
 SPARK_MAX_DECIMAL_PRECISION = 38
 
@@ -88,9 +102,17 @@ class PgType:
         """The type as it appears in DDL (canonical spelling, so migrations do not churn)."""
         if self.element is not None:
             return f"{self.element.sql}[]"
+        if self.args and self.name in TEMPORAL_WITH_PRECISION:  # Postgres' order: timestamp(3) with time zone
+            base, _, zone = self.name.partition(" ")
+            return f"{base}({self.args[0]}) {zone}"
         if self.args:
             return f"{self.name}({','.join(str(a) for a in self.args)})"
         return self.name
+
+    @property
+    def fraction_digits(self) -> int:
+        """Fractional-second digits a time or timestamp column keeps (6 unless declared)."""
+        return self.args[0] if self.args and self.name in TEMPORAL_WITH_PRECISION else 6
 
     @property
     def is_array(self) -> bool:
@@ -124,6 +146,9 @@ def parse_pg_type(text: str) -> PgType:
     word = _ARRAY_WORD_RE.match(lowered)
     if word:
         lowered = word.group("element") + "[]"
+    temporal = _PRECISION_BEFORE_ZONE_RE.match(lowered)
+    if temporal:
+        lowered = f"{temporal['base']} {temporal['zone']}({temporal['p']}){temporal['rest']}"
     match = _TYPE_RE.match(lowered)
     if not match:
         raise UnknownTypeError(f"'{text}' is not a Postgres type cdcsync understands; {supported_types_hint()}")
@@ -138,7 +163,10 @@ def parse_pg_type(text: str) -> PgType:
             raise UnknownTypeError(f"'{text}': {name} takes no such arguments")
         if name == "numeric" and len(args) == 2 and not 0 <= args[1] <= args[0]:
             raise UnknownTypeError(f"'{text}': numeric scale must be between 0 and the precision")
-        if any(a <= 0 for a in args[:1]):
+        if name in TEMPORAL_WITH_PRECISION:
+            if args[0] > 6:
+                raise UnknownTypeError(f"'{text}': {name} precision must be between 0 and 6")
+        elif any(a <= 0 for a in args[:1]):
             raise UnknownTypeError(f"'{text}': length/precision must be positive")
     if match.group("array"):
         return PgType("array", (), PgType(name, args))

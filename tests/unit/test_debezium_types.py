@@ -5,6 +5,7 @@ dead-lettered with a reason that names the column, the value and the type."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -329,3 +330,51 @@ def test_arrays_travel_to_copy_as_postgres_array_literals() -> None:
 def test_variable_scale_zero_keeps_its_scale() -> None:
     assert one({"n": "numeric"}, bare({"n": {"scale": 3, "value": unscaled(0)}}))["n"] == "0.000"
     assert one({"n": "numeric"}, bare({"n": "0.00"}))["n"] == "0.00"
+
+
+# ---- declared precision and time.precision.mode without schemas --------------------------------------------------
+
+
+def bare_spec_row(columns: dict[str, str], after: dict[str, Any], mode: str) -> dict[str, Any]:
+    spec = make_spec({"id": "bigint", **columns})
+    spec = dataclasses.replace(spec, time_precision_mode=mode)
+    rows = decode(spec, [(None, bare(after))])
+    assert len(rows) == 1
+    return rows[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "declared", "value", "expected"),
+    [
+        ("adaptive", "timestamp(3)", EPOCH_US // 1000, STAMP.replace(microsecond=123000)),
+        ("adaptive", "timestamp", EPOCH_US, STAMP),
+        ("adaptive_time_microseconds", "timestamp(3)", EPOCH_US // 1000, STAMP.replace(microsecond=123000)),
+        ("connect", "timestamp", EPOCH_US // 1000, STAMP.replace(microsecond=123000)),
+    ],
+)
+def test_bare_timestamps_follow_the_declared_precision_and_mode(
+    mode: str, declared: str, value: int, expected: datetime
+) -> None:
+    assert bare_spec_row({"t": declared}, {"t": value}, mode)["t"] == expected.replace(tzinfo=None)
+
+
+@pytest.mark.parametrize(
+    ("mode", "declared", "value", "expected"),
+    [
+        ("adaptive", "time(3)", TIME_US // 1000, "13:14:15.123000"),
+        ("adaptive", "time", TIME_US, "13:14:15.123456"),
+        ("adaptive_time_microseconds", "time(0)", (TIME_US // 1_000_000) * 1_000_000, "13:14:15"),
+        ("connect", "time", TIME_US // 1000, "13:14:15.123000"),
+    ],
+)
+def test_bare_times_follow_the_declared_precision_and_mode(mode: str, declared: str, value: int, expected: str) -> None:
+    assert bare_spec_row({"t": declared}, {"t": value}, mode)["t"] == expected
+
+
+@pytest.mark.parametrize(
+    ("declared", "value"),
+    [("time(0)", "13:14:15.5"), ("timestamp(3)", "2024-02-29T13:14:15.123456"), ("timetz(0)", "13:14:15.1Z")],
+)
+def test_values_finer_than_the_declared_precision_are_dead_letters(declared: str, value: str) -> None:
+    row = one({"t": declared}, bare({"t": value}))
+    assert row["_dlq_reason"].startswith("column 't': ") and "more fractional-second digits" in row["_dlq_reason"]
