@@ -914,7 +914,11 @@ def _array_converter(name: str, pg: PgType, source_id: str, time_mode: str | Non
             if value is None:
                 return None
             if value == UNAVAILABLE_PLACEHOLDER:
-                raise _bad(value, expected, "an unchanged TOASTed array: not supported yet, use REPLICA IDENTITY FULL")
+                raise _bad(
+                    value,
+                    expected,
+                    "an unchanged TOASTed array of a type Debezium has no placeholder for; use REPLICA IDENTITY FULL",
+                )
             raise _bad(value, expected, "expected a JSON array")
         inner = element_ctx(ctx)
         out: list[Any] = []

@@ -55,6 +55,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "prices": ("numeric(10,2)[]", "numeric(10,2)[]"),
     "blob": ("bytea", "bytea"),
     "body": ("text", "text"),  # large: TOASTed
+    "big_tags": ("text[]", "text[]"),  # large arrays: TOASTed too, placeholders of their own type
+    "big_ints": ("bigint[]", "bigint[]"),
 }
 TEXTS = ["plain", "", "zoë ✓", 'quote "x"', "back\\slash", "comma, brace {}", "NULL", "line\nbreak"]
 
@@ -134,6 +136,10 @@ class Workload:
             return rng.randbytes(rng.randint(0, 40))
         if name == "body":  # mostly large and incompressible, so stored out of line
             return rng.randbytes(5000).hex() if rng.random() < 0.8 else rng.choice(TEXTS)
+        if name == "big_tags":
+            return [rng.randbytes(2500).hex(), rng.choice(TEXTS), None]
+        if name == "big_ints":
+            return [rng.randint(-(2**63), 2**63 - 1) for _ in range(rng.choice([3, 1500]))]
         raise AssertionError(name)
 
     def row(self) -> list[Any]:
@@ -161,10 +167,14 @@ class Workload:
         """Debezium publishes this as a delete of the old key, its tombstone and a create of the new one."""
         old, new = self.rng.choice(sorted(self.keys)), self.next_id
         self.next_id += 1
-        # The new key's create event would carry body's placeholder if body stayed untouched, and the mirror has no
-        # row under the new key to keep a value from (a known gap, see the README): rewrite it with the key.
+        # The new key's create event would carry placeholders for the large values if they stayed untouched, and
+        # the mirror has no row under the new key to keep a value from (a known gap, see the README): rewrite them.
         conn.execute(
-            sql.SQL("UPDATE {} SET id = %s, body = body || '' WHERE id = %s").format(sql.Identifier(TABLE)), (new, old)
+            sql.SQL(
+                "UPDATE {} SET id = %s, body = body || '', big_tags = big_tags || '{{}}'::text[],"
+                " big_ints = big_ints || '{{}}'::bigint[] WHERE id = %s"
+            ).format(sql.Identifier(TABLE)),
+            (new, old),
         )
         self.keys.discard(old)
         self.keys.add(new)
