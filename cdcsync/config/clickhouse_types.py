@@ -15,7 +15,8 @@ Choices, and why:
 * ``uuid`` maps to ``UUID``. ``json``/``jsonb``, ``time``, ``interval`` and ``bytea`` become ``String``: ClickHouse's
   JSON type is still changing between releases, and text compares exactly with the source.
 * ``time with time zone`` and ``bit``/``bit varying`` become ``String`` (the Postgres text form). Arrays map to
-  ``Array(Nullable(<element>))``: Postgres array elements may always be NULL.
+  ``Array(Nullable(<element>))``: Postgres array elements may always be NULL. ClickHouse has no nullable arrays
+  (``Nullable(Array(...))`` is refused), so an array column is never ``Nullable`` and a NULL array lands as ``[]``.
 * Key columns are never ``Nullable`` (ClickHouse refuses nullable sorting keys by default); every other column is,
   because the pipeline does not know whether the source allows NULL. ``LowCardinality`` wraps string columns the
   sink lists in ``low_cardinality`` (outside ``Nullable``, as ClickHouse requires).
@@ -81,7 +82,7 @@ def is_string_type(pg_type: PgType) -> bool:
 def column_type(pg_type: PgType, *, key: bool, low_cardinality: bool = False) -> str:
     """The full ClickHouse type of a business column, exactly as ``system.columns.type`` spells it."""
     ch = base_type(pg_type)
-    if not key:
+    if not key and pg_type.element is None:
         ch = f"Nullable({ch})"
     if low_cardinality:
         ch = f"LowCardinality({ch})"

@@ -91,6 +91,8 @@ def test_clickhouse_types_of_the_new_types() -> None:
     assert clickhouse_types.base_type(parse_pg_type("text[]")) == "Array(Nullable(String))"
     assert clickhouse_types.base_type(parse_pg_type("timetz")) == "String"
     assert clickhouse_types.base_type(parse_pg_type("bit varying(4)")) == "String"
+    # ClickHouse refuses Nullable(Array(...)): array columns are plain, a NULL array lands as []
+    assert clickhouse_types.column_type(parse_pg_type("integer[]"), key=False) == "Array(Nullable(Int32))"
 
 
 # ---- decimals: decimal.handling.mode ---------------------------------------------------------------------------
