@@ -700,9 +700,6 @@ def _time_text(micros: int) -> str:
     return f"{text}.{fraction:06d}" if fraction else text
 
 
-TIME_PRECISION_MODES = ("adaptive", "adaptive_time_microseconds", "connect")
-
-
 def _bare_unit(pg: PgType, time_mode: str | None) -> int:
     """Microseconds per unit of an integer time or timestamp in a message without schemas, as the connector's
     ``time.precision.mode`` writes it for a column of this precision (None: microseconds, e.g. for Avro, whose
