@@ -14,6 +14,9 @@ Choices, and why:
   wider than ``Date``'s 1970-2149).
 * ``uuid`` maps to ``UUID``. ``json``/``jsonb``, ``time``, ``interval`` and ``bytea`` become ``String``: ClickHouse's
   JSON type is still changing between releases, and text compares exactly with the source.
+* ``time with time zone`` and ``bit``/``bit varying`` become ``String`` (the Postgres text form). Arrays map to
+  ``Array(Nullable(<element>))``: Postgres array elements may always be NULL. ClickHouse has no nullable arrays
+  (``Nullable(Array(...))`` is refused), so an array column is never ``Nullable`` and a NULL array lands as ``[]``.
 * Key columns are never ``Nullable`` (ClickHouse refuses nullable sorting keys by default); every other column is,
   because the pipeline does not know whether the source allows NULL. ``LowCardinality`` wraps string columns the
   sink lists in ``low_cardinality`` (outside ``Nullable``, as ClickHouse requires).
@@ -37,7 +40,10 @@ _BASE_BY_PG: dict[str, str] = {
     "timestamp without time zone": "DateTime64(6, 'UTC')",
     "timestamp with time zone": "DateTime64(6, 'UTC')",
     "time without time zone": "String",
+    "time with time zone": "String",
     "interval": "String",
+    "bit": "String",
+    "bit varying": "String",
     "uuid": "UUID",
     "json": "String",
     "jsonb": "String",
@@ -57,6 +63,8 @@ METADATA_COLUMNS: tuple[tuple[str, str], ...] = (
 
 def base_type(pg_type: PgType) -> str:
     """The ClickHouse type for ``pg_type`` without ``Nullable``/``LowCardinality``."""
+    if pg_type.element is not None:
+        return f"Array(Nullable({base_type(pg_type.element)}))"
     if pg_type.name == "numeric":
         if pg_type.args and pg_type.args[0] <= SPARK_MAX_DECIMAL_PRECISION:
             precision = pg_type.args[0]
@@ -74,7 +82,7 @@ def is_string_type(pg_type: PgType) -> bool:
 def column_type(pg_type: PgType, *, key: bool, low_cardinality: bool = False) -> str:
     """The full ClickHouse type of a business column, exactly as ``system.columns.type`` spells it."""
     ch = base_type(pg_type)
-    if not key:
+    if not key and pg_type.element is None:
         ch = f"Nullable({ch})"
     if low_cardinality:
         ch = f"LowCardinality({ch})"

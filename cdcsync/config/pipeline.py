@@ -58,6 +58,11 @@ class KafkaSource(_Model):
     primary_key: list[str] | None = None
     columns: dict[str, str] = Field(min_length=1)
     on_decode_error: Literal["dlq", "fail"] = "dlq"
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
+    """The connector's ``time.precision.mode``, for integer times and timestamps in JSON without schemas (with
+    schemas, the logical type names say the unit): ``adaptive`` writes ``time(0-3)``/``timestamp(0-3)`` in
+    milliseconds and finer ones in microseconds, ``adaptive_time_microseconds`` every ``time`` in microseconds,
+    ``connect`` everything in milliseconds."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     options: dict[str, str] = Field(default_factory=dict)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import AnySink, Pipeline
+from cdcsync.config.types import PgType
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.runtime.executor_errors import task_failure
@@ -43,12 +44,35 @@ _TOAST_KIND = {
     "json": "json",
     "jsonb": "jsonb",
 }
-_PLACEHOLDER_BY_KIND: dict[str, str | bytes] = {
+_ARRAY_TOAST_KIND = {
+    "text": "text[]",
+    "character varying": "text[]",
+    "character": "text[]",
+    "smallint": "integer[]",
+    "integer": "integer[]",
+    "bigint": "integer[]",
+}
+"""Arrays whose unchanged TOASTed value Debezium sends as a placeholder of the column's own type: a text array
+holding the placeholder, an integer array of the placeholder's bytes. Other arrays have no placeholder of their
+type (the decoder dead-letters what arrives)."""
+Placeholder = str | bytes | tuple[Any, ...]
+_PLACEHOLDER_BY_KIND: dict[str, Placeholder] = {
     "text": UNAVAILABLE_PLACEHOLDER,
     "bytea": UNAVAILABLE_PLACEHOLDER.encode(),
     "json": UNAVAILABLE_JSON,
     "jsonb": UNAVAILABLE_JSON,
+    "text[]": (UNAVAILABLE_PLACEHOLDER,),
+    "integer[]": tuple(UNAVAILABLE_PLACEHOLDER.encode()),
 }
+
+
+def _toast_kind(pg: PgType) -> str | None:
+    """How Debezium's placeholder shows in a column of this type (see ``unavailable.sql.j2``), or None."""
+    if pg.element is not None:
+        return _ARRAY_TOAST_KIND.get(pg.element.name)
+    return _TOAST_KIND.get(pg.name)
+
+
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
 
@@ -66,7 +90,7 @@ class StageWriter:
     columns: tuple[str, ...]
     batch_id: int
     sink_label: str
-    toastable: tuple[tuple[str, str | bytes], ...] = ()
+    toastable: tuple[tuple[str, Placeholder], ...] = ()
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
 
     def stage(self, table: pa.Table) -> int:
@@ -86,7 +110,7 @@ class StageWriter:
 
 
 def newest_per_key(
-    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, str | bytes], ...] = ()
+    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...] = ()
 ) -> pa.Table:
     """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first.
 
@@ -115,13 +139,17 @@ def newest_per_key(
     return table.filter(mask)
 
 
-def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: str | bytes) -> pa.Table:
+def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: Placeholder) -> pa.Table:
     """Replace the placeholder in each run's first row by the newest older value of the run (rare: plain Python)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     column = table.column(name).combine_chunks()
-    unavailable = pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+    if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
+        wanted = list(placeholder)
+        unavailable = pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
+    else:
+        unavailable = pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
     if not pc.any(pc.and_(unavailable, mask)).as_py():
         return table
     values, is_placeholder, starts = column.to_pylist(), unavailable.to_pylist(), mask.to_pylist()
@@ -153,9 +181,10 @@ class PostgresUpsertSink(LedgeredSink):
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
         self.toastable = {
-            name: _TOAST_KIND[pg.name] for name, pg in source.column_types().items() if pg.name in _TOAST_KIND
+            name: kind for name, pg in source.column_types().items() if (kind := _toast_kind(pg)) is not None
         }
-        """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb)."""
+        """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb,
+        text[], integer[])."""
         stage = (names.INTERNAL_SCHEMA, names.stage_table(pipeline.name, sink_id))
         target = (sink.schema_, sink.table)
         template_values: dict[str, Any] = {
@@ -167,6 +196,7 @@ class PostgresUpsertSink(LedgeredSink):
             "value_columns": self.value_columns,
             "toastable": self.toastable,
             "placeholder": UNAVAILABLE_PLACEHOLDER,
+            "placeholder_codes": ",".join(str(code) for code in UNAVAILABLE_PLACEHOLDER.encode()),
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)

@@ -626,6 +626,14 @@ def _translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) 
         return _base64
     if logical == _VARIABLE_SCALE_DECIMAL:
         return _variable_scale_decimal
+    if base == "array" and pg.element is not None:  # a Postgres array: each element as its element type's input
+        inner = _translator(schema.get("items"), pg.element, names, namespace)
+        if inner is None:
+            return None
+        translate_element = inner
+        return lambda value: (
+            [None if v is None else translate_element(v) for v in value] if type(value) is list else value
+        )
     if base in ("record", "error", "array", "map"):
         if kind not in _TEXT_KINDS:
             return None  # the converter refuses a container, naming the column

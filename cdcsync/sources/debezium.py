@@ -155,6 +155,8 @@ class DecodeSpec:
     """``json`` (JsonConverter, this module) or ``avro`` (Confluent wire format, :mod:`cdcsync.sources.avro`)."""
     schema_registry: SchemaRegistryAccess | None = None
     """Where ``avro`` writer schemas come from (its secrets stay out of ``repr``); None for ``json``."""
+    time_precision_mode: str = "adaptive"
+    """The connector's ``time.precision.mode``: the unit of integer times in JSON messages without schemas."""
 
     @classmethod
     def from_source(
@@ -168,6 +170,7 @@ class DecodeSpec:
             format=source.format,
             # Only Avro sources carry the registry (and its credentials) to the executors.
             schema_registry=schema_registry if source.format == "avro" else None,
+            time_precision_mode=source.time_precision_mode,
         )
 
 
@@ -210,6 +213,8 @@ def _arrow_type(spark_type: str) -> pa.DataType:
     match = _DECIMAL_TYPE_RE.fullmatch(spark_type)
     if match:
         return pa.decimal128(int(match.group(1)), int(match.group(2)))
+    if spark_type.startswith("array<") and spark_type.endswith(">"):
+        return pa.list_(_arrow_type(spark_type[6:-1]))
     raise DecodeError(f"Spark type '{spark_type}' has no Arrow counterpart in the decoder")
 
 
@@ -471,8 +476,8 @@ def _numeric_converter(name: str, pg: PgType) -> Converter:
             if isinstance(parts, str):
                 return parts
             coefficient, exponent = parts
-            if coefficient == 0:
-                return "0"
+            if coefficient == 0:  # keeps its scale, as Postgres does (0.000)
+                return _unscaled_text(0, -exponent) if exponent < 0 else "0"
             digits = len(str(abs(coefficient)))
             if digits + exponent > _POSTGRES_MAX_INTEGER_DIGITS or -exponent > _POSTGRES_MAX_FRACTION_DIGITS:
                 raise _Reject(f"{_show(value)} is out of range for numeric")
@@ -695,20 +700,50 @@ def _time_text(micros: int) -> str:
     return f"{text}.{fraction:06d}" if fraction else text
 
 
-def _timestamp_column(name: str, pg: PgType) -> Converter:
+def _bare_unit(pg: PgType, time_mode: str | None) -> int:
+    """Microseconds per unit of an integer time or timestamp in a message without schemas, as the connector's
+    ``time.precision.mode`` writes it for a column of this precision (None: microseconds, e.g. for Avro, whose
+    values arrive already scaled)."""
+    if time_mode is None:
+        return 1
+    if time_mode == "connect":
+        return 1000
+    if pg.name == "time without time zone" and time_mode == "adaptive_time_microseconds":
+        return 1
+    return 1000 if pg.fraction_digits <= 3 else 1
+
+
+def _precision_check(pg: PgType) -> int:
+    """1, or the step (in microseconds) a value of a ``time(p)``/``timestamp(p)`` column must be a multiple of:
+    Postgres would round finer digits on COPY, and nothing is rounded silently."""
+    return 10 ** (6 - pg.fraction_digits)
+
+
+def _too_fine(value: Any, expected: str) -> _Reject:
+    return _Reject(f"{_show(value)} has more fractional-second digits than {expected} keeps")
+
+
+def _timestamp_column(name: str, pg: PgType, time_mode: str | None = None) -> Converter:
     with_tz = pg.name == "timestamp with time zone"
     expected = pg.sql
+    bare_unit = 1 if with_tz else _bare_unit(pg, time_mode)
+    step = _precision_check(pg)
 
     def convert(value: Any, ctx: _Ctx) -> Any:
         kind = type(value)
         if kind is str:
             try:  # years 1-9999 by construction
-                return _parse_iso_timestamp(value, keep_wall_clock=not with_tz)
+                parsed = _parse_iso_timestamp(value, keep_wall_clock=not with_tz)
             except (ValueError, OverflowError):
                 raise _bad(value, expected, "not an ISO-8601 timestamp") from None
+            if step > 1 and parsed.microsecond % step:
+                raise _too_fine(value, expected)
+            return parsed
         if kind is int:
-            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else None
-            micros = _scale_int(value, _TIMESTAMP_UNITS.get(logical or "", 1))
+            if ctx[0] is not None:
+                micros = _scale_int(value, _TIMESTAMP_UNITS.get(_logical(_column_schema(ctx, name))[0] or "", 1))
+            else:
+                micros = value * bare_unit
         elif value is None:
             return None
         else:
@@ -716,35 +751,45 @@ def _timestamp_column(name: str, pg: PgType) -> Converter:
             raise _bad(value, expected, "expected an epoch integer or an ISO-8601 string")
         if not _MIN_US <= micros <= _MAX_US:
             raise _Reject(f"{_show(value)} is out of range for {expected} (years 1-9999)")
+        if step > 1 and micros % step:
+            raise _too_fine(value, expected)
         return micros
 
     return convert
 
 
-def _time_column(name: str, pg: PgType) -> Converter:
+def _time_column(name: str, pg: PgType, time_mode: str | None = None) -> Converter:
     expected = pg.sql
+    bare_unit = _bare_unit(pg, time_mode)
+    step = _precision_check(pg)
 
     def convert(value: Any, ctx: _Ctx) -> Any:
         kind = type(value)
         if kind is int:
-            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else None
-            micros = _scale_int(value, _TIME_UNITS.get(logical or "", 1))
+            if ctx[0] is not None:
+                micros = _scale_int(value, _TIME_UNITS.get(_logical(_column_schema(ctx, name))[0] or "", 1))
+            else:
+                micros = value * bare_unit
             if not 0 <= micros <= _US_PER_DAY:
                 raise _Reject(f"{_show(value)} is out of range for {expected}")
-            return _time_text(micros)
-        if kind is str:
+        elif kind is str:
             match = _TIME_RE.fullmatch(value)
+            micros = -1
             if match:
                 hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
-                micros = int((match[4] or "").ljust(6, "0")[:6])
-                total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + micros
+                total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + int((match[4] or "").ljust(6, "0")[:6])
                 if minute < 60 and second < 60 and total <= _US_PER_DAY:
-                    return _time_text(total)
-            raise _bad(value, expected, "expected HH:MM[:SS[.ffffff]] or microseconds since midnight")
-        if value is None:
+                    micros = total
+            if micros < 0:
+                raise _bad(value, expected, "expected HH:MM[:SS[.ffffff]] or microseconds since midnight")
+        elif value is None:
             return None
-        _reparse_huge_integer(value)
-        raise _bad(value, expected, "expected microseconds since midnight or HH:MM:SS")
+        else:
+            _reparse_huge_integer(value)
+            raise _bad(value, expected, "expected microseconds since midnight or HH:MM:SS")
+        if step > 1 and micros % step:
+            raise _too_fine(value, expected)
+        return _time_text(micros)
 
     return convert
 
@@ -764,8 +809,141 @@ def _interval_converter(pg: PgType) -> Converter:
     return convert
 
 
-def _converter_for(name: str, pg: PgType, source_id: str) -> Converter:
+_TIMETZ_RE = re.compile(
+    r"([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?\s*(Z|z|[+-][0-9]{2}(?::?[0-9]{2}(?::?[0-9]{2})?)?)"
+)
+_DEBEZIUM_BITS = "io.debezium.data.Bits"
+
+
+def _timetz_converter(pg: PgType) -> Converter:
+    """``time with time zone`` from io.debezium.time.ZonedTime (``HH:MM:SS[.f]Z``, Debezium converts it to UTC)
+    or any ``HH:MM[:SS[.f]]±hh[:mm]``. Written back with its offset, fraction truncated to microseconds."""
+    expected = pg.sql
+    step = _precision_check(pg)
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is str:
+            match = _TIMETZ_RE.fullmatch(value.strip())
+            if match:
+                hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
+                micros = int((match[4] or "").ljust(6, "0")[:6])
+                total = ((hour * 60 + minute) * 60 + second) * 1_000_000 + micros
+                offset = match[5]
+                offset_hours = 0 if offset in ("Z", "z") else int(offset[1:3])
+                if minute < 60 and second < 60 and total <= _US_PER_DAY and offset_hours <= 15:
+                    if step > 1 and total % step:
+                        raise _too_fine(value, expected)
+                    zone = "+00" if offset in ("Z", "z") else offset
+                    return _time_text(total) + zone
+            raise _bad(value, expected, "expected HH:MM:SS[.ffffff] with a UTC offset, as ZonedTime writes it")
+        if value is None:
+            return None
+        raise _bad(value, expected, "expected a ZonedTime string")
+
+    return convert
+
+
+def _bits_converter(name: str, pg: PgType) -> Converter:
+    """``bit(n)`` / ``bit varying(n)`` from io.debezium.data.Bits: base64 bytes, little-endian, the last bit of
+    the string in the lowest bit of the first byte, trailing zero bytes dropped. ``bit(n)`` gets its leading zeros
+    back from n; a ``bit varying`` value cannot (Debezium drops them), so it comes back without them. A one-bit
+    column arrives as a boolean. Written as the Postgres bit-string literal (``0101``)."""
+    expected = pg.sql
+    width = None
+    if pg.name == "bit":
+        width = pg.args[0] if pg.args else 1  # Postgres: bit without a length is bit(1)
+    limit = width if width is not None else (pg.args[0] if pg.args else None)
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if value is True or value is False:
+            bits = "1" if value else "0"
+        elif type(value) is str:
+            logical = _logical(_column_schema(ctx, name))[0] if ctx[0] is not None else _DEBEZIUM_BITS
+            if logical == _DEBEZIUM_BITS:
+                try:
+                    number = int.from_bytes(_b64(value), "little")
+                except ValueError:
+                    raise _bad(value, expected, "not base64 Bits bytes") from None
+                bits = format(number, "b") if width is None else format(number, "b").rjust(width, "0")
+            elif value and not value.strip("01"):
+                bits = value
+            else:
+                raise _bad(value, expected, "expected Bits bytes or a string of 0s and 1s")
+        elif value is None:
+            return None
+        else:
+            raise _bad(value, expected, "expected Bits bytes (base64) or a boolean")
+        if limit is not None and len(bits) > limit:
+            raise _Reject(f"{_show(value)} has {len(bits)} bits, more than {expected} holds")
+        if width is not None and len(bits) < width:
+            bits = bits.rjust(width, "0")
+        return bits
+
+    return convert
+
+
+def _array_converter(name: str, pg: PgType, source_id: str, time_mode: str | None) -> Converter:
+    """Arrays: a JSON list, each element read by the element type's converter with the schema's ``items`` as
+    its Connect schema (so a ``numeric(10,2)[]`` element may be Decimal bytes with the array's scale). Decimal
+    elements become ``Decimal`` for Arrow's list of decimal128; one-dimensional arrays only."""
+    assert pg.element is not None
+    element = pg.element
+    convert_element = _converter_for(name, element, source_id, time_mode)
+    decimal_scale = -1
+    if element.spark_type.startswith("decimal"):
+        decimal_scale = element.args[1] if len(element.args) > 1 else 0
+    expected = pg.sql
+    memo_key = "\x00cdcsync:items"
+
+    def element_ctx(ctx: _Ctx) -> _Ctx:
+        column = _column_schema(ctx, name) if ctx[0] is not None else None
+        if column is None:
+            return (None, "", b"")
+        synthetic = column.get(memo_key)
+        if synthetic is None:
+            items = column.get("items")
+            synthetic = {"fields": [dict(items, field=name) if type(items) is dict else {"field": name}]}
+            column[memo_key] = synthetic
+        return (synthetic, "", b"")
+
+    def convert(value: Any, ctx: _Ctx) -> Any:
+        if type(value) is not list:
+            if value is None:
+                return None
+            if value == UNAVAILABLE_PLACEHOLDER:
+                raise _bad(
+                    value,
+                    expected,
+                    "an unchanged TOASTed array of a type Debezium has no placeholder for; use REPLICA IDENTITY FULL",
+                )
+            raise _bad(value, expected, "expected a JSON array")
+        inner = element_ctx(ctx)
+        out: list[Any] = []
+        for item in value:
+            if type(item) is list:
+                raise _bad(value, expected, "multidimensional arrays are not supported")
+            try:
+                converted = convert_element(item, inner)
+            except _Reject as error:
+                raise _Reject(f"element {len(out) + 1}: {error}") from None
+            if decimal_scale >= 0 and type(converted) is int:
+                converted = Decimal(f"{converted}E-{decimal_scale}")
+            out.append(converted)
+        return out
+
+    return convert
+
+
+def _converter_for(name: str, pg: PgType, source_id: str, time_mode: str | None = None) -> Converter:
+    """The converter of one column; ``time_mode`` is the connector's ``time.precision.mode`` for integer times in
+    messages without schemas (None: they are microseconds)."""
     kind = pg.name
+    if kind == "array":
+        return _array_converter(name, pg, source_id, time_mode)
+    if kind == "time with time zone":
+        return _timetz_converter(pg)
+    if kind in ("bit", "bit varying"):
+        return _bits_converter(name, pg)
     if kind in _INT_RANGES:
         return _int_converter(pg)
     if kind in ("real", "double precision"):
@@ -783,9 +961,9 @@ def _converter_for(name: str, pg: PgType, source_id: str) -> Converter:
     if kind == "date":
         return _date_converter(pg)
     if kind in ("timestamp without time zone", "timestamp with time zone"):
-        return _timestamp_column(name, pg)
+        return _timestamp_column(name, pg, time_mode)
     if kind == "time without time zone":
-        return _time_column(name, pg)
+        return _time_column(name, pg, time_mode)
     if kind == "interval":
         return _interval_converter(pg)
     raise DecodeError(f"source '{source_id}': column '{name}': type {pg.sql} is not supported by the JSON decoder")
@@ -1090,7 +1268,8 @@ class _Plan:
         if len(set(self.names)) != len(self.names):
             raise DecodeError(f"source '{spec.source_id}': a column is declared twice")
         self.index = {name: i for i, name in enumerate(self.names)}
-        self.converters = [_converter_for(name, pg, spec.source_id) for name, pg in spec.columns]
+        time_mode = spec.time_precision_mode if spec.format == "json" else None  # Avro values arrive scaled
+        self.converters = [_converter_for(name, pg, spec.source_id, time_mode) for name, pg in spec.columns]
         self.columns = list(zip(self.names, self.converters, strict=True))
         if spec.primary_key is not None:
             missing = [k for k in spec.primary_key if k not in self.index]

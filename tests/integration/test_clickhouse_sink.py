@@ -244,3 +244,53 @@ def test_append_only_mode_false_deletes_keys_up_to_the_delete_version(
     sink.stage_writer(2, "c").stage(_changes([("a", 1, "d", 15, None), ("a", 2, "d", 16, None)]))
     raw = client.query("SELECT tenant, id, _version, _is_deleted FROM orders ORDER BY id, _version").result_rows
     assert raw == [("a", 1, 30, 0)]  # no delete rows: the deleted key's rows are gone, the newer one stays
+
+
+def test_arrays_timetz_and_bits_land_in_clickhouse(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Arrays become Array(Nullable(...)) (a NULL array lands as []), timetz and bit strings their Postgres text."""
+    import pyarrow as pa
+
+    client = clickhouse_database.client()
+    raw = {
+        "name": f"it_{uuid.uuid4().hex[:10]}",
+        "sources": {
+            "things": {
+                "type": "kafka",
+                "topic": "t.things",
+                "primary_key": "id",
+                "columns": {
+                    "id": "bigint",
+                    "ints": "integer[]",
+                    "prices": "numeric(10,2)[]",
+                    "tz": "timetz",
+                    "b": "bit(3)",
+                },
+            }
+        },
+        "sinks": {
+            "ch": {"type": "clickhouse", "from": "things", "database": clickhouse_database.database, "table": "things"}
+        },
+    }
+    pipeline = validate_pipeline_dict(raw)
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+    changes = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "ints": pa.array([[1, None, 3], None], pa.list_(pa.int32())),
+            "prices": pa.array([[Decimal("1.50")], []], pa.list_(pa.decimal128(10, 2))),
+            "tz": ["23:00:00.5+00", None],
+            "b": ["101", "000"],
+            "_cdc_op": ["c", "c"],
+            "_cdc_version": pa.array([10, 11], pa.int64()),
+            "_cdc_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * 2, pa.timestamp("us", tz="UTC")),
+            "_cdc_topic": ["t.things"] * 2,
+            "_cdc_partition": pa.array([0, 0], pa.int32()),
+            "_cdc_offset": pa.array([100, 101], pa.int64()),
+        }
+    )
+    assert sink.stage_writer(0, "ckpt").stage(changes) == 2
+    rows = client.query("SELECT id, ints, prices, tz, b FROM things FINAL ORDER BY id").result_rows
+    assert rows == [(1, [1, None, 3], [Decimal("1.50")], "23:00:00.5+00", "101"), (2, [], [], None, "000")]

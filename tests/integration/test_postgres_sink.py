@@ -225,3 +225,100 @@ def test_ledger_holds_rows_written(sink: PostgresUpsertSink) -> None:
         staged = conn.execute('SELECT count(*) FROM cdcsync."sinktest__m__stage"').fetchone()
     assert rows == [(0, 2)]
     assert staged == (0,)
+
+
+TYPED_COLUMNS = {
+    "id": "bigint",
+    "tags": "text[]",
+    "ints": "bigint[]",
+    "prices": "numeric(10,2)[]",
+    "stamps": "timestamptz[]",
+    "blobs": "bytea[]",
+    "tz": "timetz",
+    "flags": "bit(4)",
+    "vflags": "varbit",
+    "t0": "time(0)",
+}
+TYPED_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("tags", pa.list_(pa.string())),
+        ("ints", pa.list_(pa.int64())),
+        ("prices", pa.list_(pa.decimal128(10, 2))),
+        ("stamps", pa.list_(pa.timestamp("us", tz="UTC"))),
+        ("blobs", pa.list_(pa.binary())),
+        ("tz", pa.string()),
+        ("flags", pa.string()),
+        ("vflags", pa.string()),
+        ("t0", pa.string()),
+        ("_cdc_op", pa.string()),
+        ("_cdc_version", pa.int64()),
+        ("_cdc_ts", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def typed_sink(dsn: str, migrations_dir: Path) -> PostgresUpsertSink:
+    definition = validate_pipeline_dict(
+        {
+            "name": "typedtest",
+            "sources": {"s": {"type": "kafka", "topic": "t", "primary_key": "id", "columns": TYPED_COLUMNS}},
+            "sinks": {"m": {"type": "postgres", "from": "s", "schema": "app", "table": "typed"}},
+        }
+    )
+    migrations.init(definition, migrations_dir)
+    with psycopg.connect(dsn) as conn:
+        migrations.apply_pending(conn, definition.name, migrations_dir)
+    return PostgresUpsertSink(definition, "m", definition.sinks["m"], dsn)
+
+
+def typed_change(key: int, version: int, **values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {name: None for name in TYPED_COLUMNS}
+    return {**row, "id": key, **values, "_cdc_op": "u", "_cdc_version": version, "_cdc_ts": T0}
+
+
+def land_typed(sink: PostgresUpsertSink, batch_id: int, rows: list[dict[str, Any]]) -> None:
+    key = sink.ledger_key(batch_id, "cp")
+    assert sink.prepare(key)
+    sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=TYPED_SCHEMA))
+    sink.merge(key)
+
+
+def test_arrays_timetz_and_bits_round_trip_through_copy(postgres_dsn: str, tmp_path: Path) -> None:
+    sink = typed_sink(postgres_dsn, tmp_path)
+    tricky = ['comma, "quote"', "", None, "NULL", "back\\slash", "{brace}", "café\nnewline"]
+    values = {
+        "tags": tricky,
+        "ints": [-(2**63), None, 2**63 - 1],
+        "prices": [Decimal("-1.50"), None, Decimal("12345678.90")],
+        "stamps": [T0, None],
+        "blobs": [b"\x00\\", None, b""],
+        "tz": "23:59:59.999999-05:30",
+        "flags": "0101",
+        "vflags": "",
+        "t0": "13:14:15",
+    }
+    land_typed(sink, 0, [typed_change(1, 10, **values), typed_change(2, 11, tags=[], ints=[])])
+    with psycopg.connect(postgres_dsn) as conn:
+        row = conn.execute(
+            "SELECT tags, ints, prices, stamps, blobs, tz::text, flags::text, vflags::text, t0::text"
+            " FROM app.typed WHERE id = 1"
+        ).fetchone()
+        empty = conn.execute("SELECT tags, ints, prices FROM app.typed WHERE id = 2").fetchone()
+    assert row is not None and empty is not None
+    tags, ints, prices, stamps, blobs, *texts = row
+    assert (tags, ints, prices, stamps) == (tricky, values["ints"], values["prices"], [T0, None])
+    assert [None if b is None else bytes(b) for b in blobs] == [b"\x00\\", None, b""]
+    assert texts == ["23:59:59.999999-05:30", "0101", "", "13:14:15"]
+    assert empty == ([], [], None)
+
+
+def test_unchanged_toasted_arrays_keep_the_stored_value(postgres_dsn: str, tmp_path: Path) -> None:
+    sink = typed_sink(postgres_dsn, tmp_path)
+    big_tags, big_ints = ["x" * 5000, None], list(range(3000))
+    land_typed(sink, 0, [typed_change(1, 10, tags=big_tags, ints=big_ints, flags="1111")])
+    placeholder_ints = list(PLACEHOLDER.encode())
+    land_typed(sink, 1, [typed_change(1, 20, tags=[PLACEHOLDER], ints=placeholder_ints, flags="0000")])
+    with psycopg.connect(postgres_dsn) as conn:
+        row = conn.execute("SELECT tags, ints, flags::text FROM app.typed WHERE id = 1").fetchone()
+    assert row == (big_tags, big_ints, "0000")

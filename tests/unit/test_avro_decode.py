@@ -431,6 +431,26 @@ TIME_MICROS = ((12 * 60 + 34) * 60 + 56) * 1_000_000 + 789_012  # 12:34:56.78901
             "[1.50,null,-2.25]",
         ),
         ({"type": "array", "items": "string"}, "text", ["a", 'b"'], '["a","b\\""]'),
+        (
+            {"type": "array", "items": opt(connect_decimal(2))},
+            "numeric(10,2)[]",
+            [signed(150), None, signed(-225)],
+            [Decimal("1.50"), None, Decimal("-2.25")],
+        ),
+        ({"type": "array", "items": opt("int")}, "integer[]", [1, None], [1, None]),
+        (
+            {"type": "array", "items": connect("int", "io.debezium.time.Date")},
+            "date[]",
+            [19782],
+            [date(2024, 2, 29)],
+        ),
+        (
+            connect("bytes", "io.debezium.data.Bits", **{"connect.parameters": {"length": "3"}}),
+            "bit(3)",
+            b"\x05",
+            "101",
+        ),
+        (connect("string", "io.debezium.time.ZonedTime"), "timetz", "10:11:12.5Z", "10:11:12.500000+00"),
         ({"type": "map", "values": "long"}, "jsonb", {"k": 1}, '{"k":1}'),
         (
             {

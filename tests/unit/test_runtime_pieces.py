@@ -196,3 +196,40 @@ def test_task_failures_carry_the_retriable_marker_only_when_a_retry_may_help() -
     bug = task_failure("sink 'm': COPY failed", psycopg.ProgrammingError("syntax error"))
     assert RETRIABLE_MARKER not in str(bug)
     assert executor_error(refused, "staging batch 1").retriable
+
+
+def test_newest_per_key_carries_unchanged_toasted_arrays() -> None:
+    """Debezium's placeholder for a text array is ``[placeholder]``, for an integer array its UTF-8 byte values."""
+    placeholder = "__debezium_unavailable_value"
+    codes = list(placeholder.encode())
+    table = pa.table(
+        {
+            "a": [1, 1, 2],
+            "_cdc_version": [5, 9, 3],
+            "tags": [["x", None], [placeholder], [placeholder]],
+            "ints": [[1, 2], codes, [3]],
+        }
+    )
+    toastable = (("tags", (placeholder,)), ("ints", tuple(codes)))
+    rows = {row["a"]: row for row in newest_per_key(table, ("a",), toastable).to_pylist()}
+    assert (rows[1]["tags"], rows[1]["ints"]) == (["x", None], [1, 2])
+    assert (rows[2]["tags"], rows[2]["ints"]) == ([placeholder], [3])
+
+
+def test_merge_keeps_stored_arrays_for_their_placeholders() -> None:
+    from cdcsync.sql.render import render
+
+    merge = render(
+        "postgres/runtime/merge_hard.sql.j2",
+        stage=("cdcsync", "s"),
+        target=("app", "t"),
+        tombstones=("cdcsync", "ts"),
+        columns=("id", "tags", "ints"),
+        primary_key=("id",),
+        value_columns=("tags", "ints"),
+        toastable={"tags": "text[]", "ints": "integer[]"},
+        placeholder="__debezium_unavailable_value",
+        placeholder_codes="95,95",
+    )
+    assert "EXCLUDED.\"tags\"::text[] = ARRAY['__debezium_unavailable_value']::text[]" in merge
+    assert "EXCLUDED.\"ints\"::bigint[] = '{95,95}'::bigint[]" in merge

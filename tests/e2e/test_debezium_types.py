@@ -1,0 +1,351 @@
+"""The differential test of issue 3 for JSON: a source table with a column of every type Debezium's Postgres
+connector maps to a logical type (NULLs included) gets a seeded random workload (a snapshot, inserts, updates,
+primary-key changes, updates that leave a large TOASTed column untouched, deletes and one truncate); the real
+connector publishes it, ``cdcsync run --available-now`` mirrors it, and the mirror must equal the source.
+
+The comparison is ``EXCEPT`` both ways in the source database: the mirror's rows, rendered as text by the mirror's
+Postgres, are copied into a temporary table next to the source, whose rows are rendered by the same expressions.
+The casts, and why each is needed (each is a loss on Debezium's side, documented in the README):
+
+* ``time with time zone``: compared at UTC (``AT TIME ZONE 'UTC'``): Debezium's ZonedTime sends the time converted
+  to UTC, so the original offset is gone (the instant is kept).
+* ``numeric`` without precision: compared without trailing fractional zeros (``trim_scale``): Debezium sends
+  ``1.10`` as the VariableScaleDecimal ``1.1`` (the value is exact, its display scale is not).
+* ``bit varying``: compared without leading zeros (``ltrim(…, '0')``): Debezium's Bits bytes drop them.
+* With ``time.precision.mode=connect``, times and timestamps are compared truncated to milliseconds: Connect's own
+  Time and Timestamp types carry milliseconds only.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.conftest import DebeziumSource
+from tests.e2e.conftest import Project
+
+TABLE = "everything"
+
+# Source column -> (source DDL type, declared pipeline type). Enums are declared as text.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "id": ("bigint", "bigint"),
+    "amount": ("numeric(12,2)", "numeric(12,2)"),  # Decimal bytes + scale
+    "free": ("numeric", "numeric"),  # VariableScaleDecimal
+    "day": ("date", "date"),
+    "t0": ("time(0)", "time(0)"),  # adaptive: Time (milliseconds)
+    "t6": ("time", "time"),  # MicroTime
+    "ts3": ("timestamp(3)", "timestamp(3)"),  # adaptive: Timestamp (milliseconds)
+    "ts6": ("timestamp", "timestamp"),  # MicroTimestamp
+    "tstz": ("timestamptz", "timestamptz"),  # ZonedTimestamp
+    "ttz": ("timetz", "timetz"),  # ZonedTime
+    "doc": ("jsonb", "jsonb"),  # Json
+    "js": ("json", "json"),  # Json, text kept as written
+    "uid": ("uuid", "uuid"),  # Uuid
+    "mood": ("mood", "text"),  # Enum
+    "flags": ("bit(12)", "bit(12)"),  # Bits
+    "vflags": ("varbit(20)", "bit varying(20)"),  # Bits
+    "ints": ("integer[]", "integer[]"),
+    "tags": ("text[]", "text[]"),
+    "prices": ("numeric(10,2)[]", "numeric(10,2)[]"),
+    "blob": ("bytea", "bytea"),
+    "body": ("text", "text"),  # large: TOASTed
+    "big_tags": ("text[]", "text[]"),  # large arrays: TOASTed too, placeholders of their own type
+    "big_ints": ("bigint[]", "bigint[]"),
+}
+TEXTS = ["plain", "", "zoë ✓", 'quote "x"', "back\\slash", "comma, brace {}", "NULL", "line\nbreak"]
+
+
+def render_columns(connect_mode: bool) -> list[sql.Composable]:
+    """The text rendering of each column that both sides are compared by (see the module docstring)."""
+    out: list[sql.Composable] = []
+    for name in COLUMNS:
+        column = sql.Identifier(name)
+        if name == "ttz":
+            expression = sql.SQL("({} AT TIME ZONE 'UTC')::text").format(column)
+        elif name == "free":
+            expression = sql.SQL("trim_scale({})::text").format(column)
+        elif name == "vflags":
+            expression = sql.SQL("ltrim({}::text, '0')").format(column)
+        elif connect_mode and name in ("t0", "t6"):
+            expression = sql.SQL("date_trunc('milliseconds', '2000-01-01'::date + {})::time::text").format(column)
+        elif connect_mode and name in ("ts3", "ts6"):
+            expression = sql.SQL("date_trunc('milliseconds', {})::text").format(column)
+        else:
+            expression = sql.SQL("{}::text").format(column)
+        out.append(expression)
+    return out
+
+
+class Workload:
+    """Seeded random changes in transactions of 1-4 statements; every column is NULL now and then."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.keys: set[int] = set()
+        self.next_id = 1
+
+    def value(self, name: str) -> Any:
+        rng = self.rng
+        if rng.random() < 0.12:
+            return None
+        if name == "amount":
+            return Decimal(rng.randint(-9_999_999_999, 9_999_999_999)) / 100
+        if name == "free":
+            return Decimal(rng.randint(-(10**30), 10**30)).scaleb(-rng.randint(0, 12))
+        if name == "day":
+            return datetime(1970, 1, 1).date() + timedelta(days=rng.randint(0, 60_000))
+        if name in ("t0", "t6"):
+            micros = rng.randint(0, 86_400_000_000 - 1)
+            value = (datetime(2000, 1, 1) + timedelta(microseconds=micros)).time()
+            return value.replace(microsecond=0) if name == "t0" else value
+        if name in ("ts3", "ts6", "tstz"):
+            stamp = datetime(1971, 1, 1) + timedelta(microseconds=rng.randint(0, 2_000_000_000_000_000))
+            if name == "ts3":
+                return stamp.replace(microsecond=stamp.microsecond // 1000 * 1000)
+            if name == "tstz":
+                return stamp.replace(tzinfo=timezone(timedelta(minutes=rng.choice([-480, 0, 330, 765]))))
+            return stamp
+        if name == "ttz":
+            micros = rng.randint(0, 86_400_000_000 - 1)
+            clock = (datetime(2000, 1, 1) + timedelta(microseconds=micros)).time()
+            return clock.isoformat() + rng.choice(["+00", "+02", "-05:30"])
+        if name == "doc":
+            return psycopg.types.json.Jsonb({"n": rng.randint(0, 99), "x": [1.50, "two"], "s": rng.choice(TEXTS)})
+        if name == "js":
+            return '{ "kept":  "as written", "n": 1.50 }'
+        if name == "uid":
+            return str(uuid.UUID(int=rng.getrandbits(128)))
+        if name == "mood":
+            return rng.choice(["sad", "ok", "happy"])
+        if name == "flags":
+            return "".join(rng.choice("01") for _ in range(12))
+        if name == "vflags":
+            return "".join(rng.choice("01") for _ in range(rng.randint(1, 20)))
+        if name == "ints":
+            return [None if rng.random() < 0.1 else rng.randint(-(2**31), 2**31 - 1) for _ in range(rng.randint(0, 5))]
+        if name == "tags":
+            return [None if rng.random() < 0.1 else rng.choice(TEXTS) for _ in range(rng.randint(0, 4))]
+        if name == "prices":
+            return [None if rng.random() < 0.1 else Decimal(rng.randint(-(10**9), 10**9)) / 100 for _ in range(3)]
+        if name == "blob":
+            return rng.randbytes(rng.randint(0, 40))
+        if name == "body":  # mostly large and incompressible, so stored out of line
+            return rng.randbytes(5000).hex() if rng.random() < 0.8 else rng.choice(TEXTS)
+        if name == "big_tags":
+            return [rng.randbytes(2500).hex(), rng.choice(TEXTS), None]
+        if name == "big_ints":
+            return [rng.randint(-(2**63), 2**63 - 1) for _ in range(rng.choice([3, 1500]))]
+        raise AssertionError(name)
+
+    def row(self) -> list[Any]:
+        return [self.value(name) for name in list(COLUMNS)[1:]]
+
+    def insert(self, conn: psycopg.Connection[Any]) -> None:
+        key, self.next_id = self.next_id, self.next_id + 1
+        placeholders = sql.SQL(", ").join(sql.Placeholder() * len(COLUMNS))
+        conn.execute(
+            sql.SQL("INSERT INTO {} VALUES ({})").format(sql.Identifier(TABLE), placeholders), [key, *self.row()]
+        )
+        self.keys.add(key)
+
+    def update(self, conn: psycopg.Connection[Any]) -> None:
+        """Sets a few columns, never ``body`` unless chosen: the others arrive with ``body``'s placeholder."""
+        key = self.rng.choice(sorted(self.keys))
+        names = self.rng.sample(list(COLUMNS)[1:], self.rng.randint(1, 4))
+        assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(n)) for n in names)
+        conn.execute(
+            sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(TABLE), assignments),
+            [*(self.value(n) for n in names), key],
+        )
+
+    def change_key(self, conn: psycopg.Connection[Any]) -> None:
+        """Debezium publishes this as a delete of the old key, its tombstone and a create of the new one."""
+        old, new = self.rng.choice(sorted(self.keys)), self.next_id
+        self.next_id += 1
+        # The new key's create event would carry placeholders for the large values if they stayed untouched, and
+        # the mirror has no row under the new key to keep a value from (a known gap, see the README): rewrite them.
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET id = %s, body = body || '', big_tags = big_tags || '{{}}'::text[],"
+                " big_ints = big_ints || '{{}}'::bigint[] WHERE id = %s"
+            ).format(sql.Identifier(TABLE)),
+            (new, old),
+        )
+        self.keys.discard(old)
+        self.keys.add(new)
+
+    def delete(self, conn: psycopg.Connection[Any]) -> None:
+        key = self.rng.choice(sorted(self.keys))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
+        self.keys.discard(key)
+
+    def run(self, transactions: int) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            for _ in range(transactions):
+                with conn.transaction():
+                    for _ in range(self.rng.randint(1, 4)):
+                        roll = self.rng.random()
+                        if len(self.keys) < 3 or roll < 0.35:
+                            self.insert(conn)
+                        elif roll < 0.75:
+                            self.update(conn)
+                        elif roll < 0.85:
+                            self.change_key(conn)
+                        else:
+                            self.delete(conn)
+
+    def truncate(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
+        self.keys.clear()
+
+
+def rendered_rows(dsn: str, schema: str, connect_mode: bool) -> list[tuple[Any, ...]]:
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(render_columns(connect_mode)), sql.Identifier(schema, TABLE)
+    )
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        return conn.execute(query).fetchall()
+
+
+def differences(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> tuple[list[Any], list[Any]]:
+    """(source rows missing from the mirror, mirror rows not in the source), by EXCEPT in the source database."""
+    mirror = rendered_rows(mirror_dsn, "app", connect_mode)
+    names = [sql.Identifier(f"c_{name}") for name in COLUMNS]
+    rendered_source = sql.SQL("SELECT {} FROM public.{}").format(
+        sql.SQL(", ").join(render_columns(connect_mode)), sql.Identifier(TABLE)
+    )
+    with psycopg.connect(source_dsn) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute(
+            sql.SQL("CREATE TEMP TABLE mirror_rows ({})").format(
+                sql.SQL(", ").join(sql.SQL("{} text").format(n) for n in names)
+            )
+        )
+        with conn.cursor().copy(sql.SQL("COPY mirror_rows FROM STDIN")) as copy:
+            for row in mirror:
+                copy.write_row(row)
+        missing = conn.execute(sql.SQL("{} EXCEPT SELECT * FROM mirror_rows").format(rendered_source)).fetchall()
+        extra = conn.execute(sql.SQL("SELECT * FROM mirror_rows EXCEPT {}").format(rendered_source)).fetchall()
+    return missing, extra
+
+
+def placeholders_seen(bootstrap: str, topic: str) -> set[str]:
+    """Which columns carried Debezium's unavailable-value placeholder in the topic: proof the test exercised them."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"types-{uuid.uuid4().hex[:8]}"})
+    forms = {
+        "body": b'"body":"__debezium_unavailable_value"',
+        "big_tags": b'"big_tags":["__debezium_unavailable_value"]',
+        "big_ints": b'"big_ints":[' + ",".join(str(b) for b in b"__debezium").encode(),
+    }
+    seen: set[str] = set()
+    try:
+        end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        position = 0
+        while position < end:
+            message = consumer.poll(10)
+            assert message is not None and message.error() is None, "the topic could not be read back"
+            position = message.offset() + 1
+            seen |= {name for name, form in forms.items() if form in (message.value() or b"")}
+    finally:
+        consumer.close()
+    return seen
+
+
+def describe(missing: list[Any], extra: list[Any]) -> str:
+    """The differing columns of rows that differ (values cut short: some are large), then keys only on one side."""
+    names = list(COLUMNS)
+    source_rows, mirror_rows = {row[0]: row for row in missing}, {row[0]: row for row in extra}
+    lines = [f"{len(missing)} source rows not in the mirror, {len(extra)} mirror rows not in the source"]
+    for key in sorted(source_rows.keys() & mirror_rows.keys(), key=int)[:5]:
+        for name, ours, theirs in zip(names, source_rows[key], mirror_rows[key], strict=True):
+            if ours != theirs:
+                lines.append(f"id {key}, {name}: source {str(ours)[:80]!r} != mirror {str(theirs)[:80]!r}")
+    lines.append(f"only in the source: {sorted(source_rows.keys() - mirror_rows.keys(), key=int)[:10]}")
+    lines.append(f"only in the mirror: {sorted(mirror_rows.keys() - source_rows.keys(), key=int)[:10]}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [
+        pytest.param({}, id="precise-adaptive"),
+        pytest.param({"decimal.handling.mode": "string", "time.precision.mode": "connect"}, id="string-connect"),
+        pytest.param(  # bare payloads: the declared precision and time_precision_mode say the units
+            {
+                "decimal.handling.mode": "string",
+                "key.converter.schemas.enable": "false",
+                "value.converter.schemas.enable": "false",
+            },
+            id="bare-string-adaptive",
+        ),
+    ],
+)
+def test_every_debezium_type_mirrors_the_source(
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
+    kafka_bootstrap: str,
+    debezium_source: DebeziumSource,
+    modes: dict[str, str],
+) -> None:
+    source = debezium_source
+    connect_mode = modes.get("time.precision.mode") == "connect"
+    ddl = sql.SQL(", ").join(
+        sql.SQL("{} " + ddl_type).format(sql.Identifier(n)) for n, (ddl_type, _) in COLUMNS.items()
+    )
+    with psycopg.connect(source.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+        conn.execute(sql.SQL("CREATE TABLE public.{} ({}, PRIMARY KEY (id))").format(sql.Identifier(TABLE), ddl))
+    workload = Workload(source.dsn, seed=31)
+    workload.run(8)  # published as snapshot reads
+    source.capture(f"public.{TABLE}", overrides={"skipped.operations": "none", **modes})
+    workload.run(60)
+    workload.truncate()
+    workload.run(60)
+    with psycopg.connect(source.dsn, autocommit=True) as conn:  # the edge cases, for certain
+        key = min(workload.keys)
+        nulls = sql.SQL(", ").join(sql.SQL("{} = NULL").format(sql.Identifier(n)) for n in list(COLUMNS)[1:])
+        conn.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(TABLE), nulls), (key,))
+        big = random.Random(3).randbytes(6000).hex()
+        conn.execute(sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE)), (big, key))
+        conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
+    source.wait_caught_up()
+    assert placeholders_seen(kafka_bootstrap, source.topic(f"public.{TABLE}")) == {"body", "big_tags", "big_ints"}
+
+    project = make_project(
+        {
+            "name": "types",
+            "sources": {
+                TABLE: {
+                    "type": "kafka",
+                    "topic": source.topic(f"public.{TABLE}"),
+                    "format": "json",
+                    "primary_key": "id",
+                    "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
+                    "on_decode_error": "fail",
+                    "time_precision_mode": modes.get("time.precision.mode", "adaptive"),
+                }
+            },
+            "sinks": {"mirror": {"type": "postgres", "from": TABLE, "schema": "app", "table": TABLE}},
+        }
+    )
+    project.prepare()
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    missing, extra = differences(source.dsn, postgres_dsn, connect_mode)
+    assert not missing and not extra, describe(missing, extra)
+    with psycopg.connect(source.dsn) as conn:
+        count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE))).fetchone()
+    assert count is not None and count[0] > 10
