@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cdcsync.runtime.executor_errors import executor_error
+from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_COUNTS_SCHEMA = "sink int, rows bigint"
+_COUNTS_SCHEMA = "sink int, rows bigint, failure string"
 
 BatchSink = PostgresUpsertSink | ClickHouseTableSink
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
@@ -57,12 +57,20 @@ class StageTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        decoded = list(self.decode(batches))
+        schema = pa.schema([("sink", pa.int32()), ("rows", pa.int64()), ("failure", pa.string())])
+        try:
+            decoded = list(self.decode(batches))
+        except RuntimeError as error:
+            if DECODE_FAILURE_MARKER not in str(error):
+                raise
+            # on_decode_error: fail. Reported as data, not raised: a failed task makes Spark kill the other
+            # tasks' Python workers, whose tracebacks would end up on the user's terminal.
+            yield pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "failure": [str(error)]}, schema=schema)
+            return
         table = pa.Table.from_batches(decoded) if decoded else None
         counts = [writer.stage(table) if table is not None else 0 for writer in self.writers]
         yield pa.RecordBatch.from_pydict(
-            {"sink": list(range(len(self.writers))), "rows": counts},
-            schema=pa.schema([("sink", pa.int32()), ("rows", pa.int64())]),
+            {"sink": list(range(len(self.writers))), "rows": counts, "failure": [None] * len(counts)}, schema=schema
         )
 
 
@@ -95,6 +103,9 @@ def land_batch(
         counts = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
         raise executor_error(error, f"staging batch {batch_id}") from None
+    failures = [row["failure"] for row in counts if row["failure"]]
+    if failures:  # a message could not be decoded under on_decode_error: fail; nothing is merged
+        raise executor_error(RuntimeError(failures[0]), f"staging batch {batch_id}")
     staged = dict.fromkeys(range(len(pending)), 0)
     for row in counts:
         staged[row["sink"]] += row["rows"]
