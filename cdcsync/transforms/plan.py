@@ -1,0 +1,96 @@
+"""The transform graph as the runtime executes it: what each SQL transform reads, the Spark SQL it runs, and the
+dynamic tables it checks or fills.
+
+A :class:`PipelinePlan` is built once, at validation, from the pipeline YAML (no Spark, no services), so that
+``validate`` can refuse a bad transform with its id and the runtime only executes what was checked.
+
+Contract between the plan and the runtime (:mod:`cdcsync.pipeline.batch`):
+
+* Every node (source or SQL transform) of one micro-batch is visible to Spark SQL as the temporary view
+  :func:`input_view` of its id, with its business columns followed by the six ``_cdc_*`` columns.
+* A dynamic table ``t`` is visible as two views: :func:`prior_keys_view` (column ``key``: the keys the table held
+  before this batch, unique) and :func:`batch_keys_view` (columns ``key`` and ``pos``: the keys this batch's side
+  output adds, each with the smallest position ``named_struct('topic', _cdc_topic, 'partition', _cdc_partition,
+  'offset', _cdc_offset)`` of a row that produced it, unique by key).
+* ``TransformStep.spark_sql`` reads only those views and yields exactly one row per input row: the business
+  columns of ``TransformStep.columns`` in order, then the ``_cdc_*`` columns. A change that the transform's WHERE
+  rejects comes out as a delete of its key (``_cdc_op = 'd'``, other computed columns NULL), so that downstream
+  the target always equals the transform applied to each key's latest change; truncates (``_cdc_op = 't'``) pass.
+* ``dynamic_table_check('t', e)`` is true when ``e`` (cast to the table's key type) is among the prior keys, or is
+  added by this batch's side output at an earlier position than the row being checked (the table then behaves as
+  if changes were processed one at a time, in offset order); false for NULL. Implemented with broadcast joins
+  against the key views, never with a per-row lookup.
+* ``SideOutput.spark_sql`` reads :func:`input_view` of its input and yields ``key`` (non-NULL) and ``pos``, one
+  row per input row that passes its WHERE.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cdcsync.config.types import PgType
+
+POSITION_SQL = "named_struct('topic', _cdc_topic, 'partition', _cdc_partition, 'offset', _cdc_offset)"
+"""A change's position in its batch: total, deterministic on replay (same offsets), comparable with ``<``."""
+
+
+def _view_suffix(node_id: str) -> str:
+    # Ids may hold dots and other characters Spark would need quoted; a stable, readable, unique name instead.
+    readable = re.sub(r"[^A-Za-z0-9_]", "_", node_id)
+    return f"{readable}_{zlib.crc32(node_id.encode()):08x}"
+
+
+def input_view(node_id: str) -> str:
+    return f"__cdc_in_{_view_suffix(node_id)}"
+
+
+def prior_keys_view(table_id: str) -> str:
+    return f"__cdc_dt_{_view_suffix(table_id)}"
+
+
+def batch_keys_view(table_id: str) -> str:
+    return f"__cdc_db_{_view_suffix(table_id)}"
+
+
+@dataclass(frozen=True)
+class SideOutput:
+    """A dynamic table's ``sql``: fills the table from a stream, in the same micro-batch."""
+
+    input: str
+    """Source or SQL transform id whose batch rows it reads."""
+    spark_sql: str
+
+
+@dataclass(frozen=True)
+class DynamicTableSpec:
+    id: str
+    backend: Literal["postgres", "in_memory"]
+    schema: str
+    table: str
+    key_column: str
+    key_type: PgType
+    fill: SideOutput | None = None
+
+
+@dataclass(frozen=True)
+class TransformStep:
+    id: str
+    input: str
+    """The one source or SQL transform it reads (joins between streams are refused)."""
+    spark_sql: str
+    primary_key: tuple[str, ...]
+    columns: tuple[tuple[str, PgType], ...]
+    """Business output columns in order; the ``_cdc_*`` columns follow them."""
+    dynamic_tables: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    steps: tuple[TransformStep, ...] = ()
+    """Topological order: a step comes after the step it reads."""
+    dynamic_tables: dict[str, DynamicTableSpec] = field(default_factory=dict)
+    source_of_node: dict[str, str] = field(default_factory=dict)
+    """Node id (source or transform) -> the source whose micro-batches feed it."""
