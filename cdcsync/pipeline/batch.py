@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
@@ -41,10 +41,22 @@ class ExecutorWriter(Protocol):
     def stage(self, table: pa.Table) -> int: ...
 
 
-def _writer(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
-    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
-        return sink.stage_writer(batch_id, checkpoint_id)
-    return sink.stage_writer(batch_id)
+def _counts_batch(counts: list[int], failure: str | None = None) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    schema = pa.schema([("sink", pa.int32()), ("rows", pa.int64()), ("failure", pa.string())])
+    if failure is not None:
+        return pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "failure": [failure]}, schema=schema)
+    return pa.RecordBatch.from_pydict(
+        {"sink": list(range(len(counts))), "rows": counts, "failure": [None] * len(counts)}, schema=schema
+    )
+
+
+def _stage_all(writers: tuple[ExecutorWriter, ...], batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(batches) if batches else None
+    return _counts_batch([writer.stage(table) if table is not None else 0 for writer in writers])
 
 
 @dataclass(frozen=True)
@@ -55,9 +67,6 @@ class StageTask:
     writers: tuple[ExecutorWriter, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        schema = pa.schema([("sink", pa.int32()), ("rows", pa.int64()), ("failure", pa.string())])
         try:
             decoded = list(self.decode(batches))
         except RuntimeError as error:
@@ -65,13 +74,19 @@ class StageTask:
                 raise
             # on_decode_error: fail. Reported as data, not raised: a failed task makes Spark kill the other
             # tasks' Python workers, whose tracebacks would end up on the user's terminal.
-            yield pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "failure": [str(error)]}, schema=schema)
+            yield _counts_batch([], failure=str(error))
             return
-        table = pa.Table.from_batches(decoded) if decoded else None
-        counts = [writer.stage(table) if table is not None else 0 for writer in self.writers]
-        yield pa.RecordBatch.from_pydict(
-            {"sink": list(range(len(self.writers))), "rows": counts, "failure": [None] * len(counts)}, schema=schema
-        )
+        yield _stage_all(self.writers, decoded)
+
+
+@dataclass(frozen=True)
+class StageRowsTask:
+    """Executor side: stage one partition of already decoded (or transformed) changes into sinks (picklable)."""
+
+    writers: tuple[ExecutorWriter, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield _stage_all(self.writers, [batch for batch in batches if batch.num_rows])
 
 
 @dataclass
@@ -79,6 +94,50 @@ class SinkOutcome:
     skipped: bool
     rows_staged: int = 0
     rows_merged: int = 0
+
+
+def pending_sinks(
+    sinks: dict[str, BatchSink], batch_id: int, checkpoint_id: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, BatchSink], dict[str, SinkOutcome]]:
+    """Ledger keys, the sinks still to land this batch, and outcomes for those that landed it before."""
+    keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id) for sink_id, sink in sinks.items()}
+    pending = {sink_id: sink for sink_id, sink in sinks.items() if sink.prepare(keys[sink_id])}
+    return keys, pending, {sink_id: SinkOutcome(skipped=True) for sink_id in sinks.keys() - pending.keys()}
+
+
+def stage(rows: DataFrame, task: StageTask | StageRowsTask, batch_id: int) -> list[int]:
+    """Run one staging pass over ``rows``; rows staged per writer of ``task``, in order."""
+    try:
+        counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
+    except Exception as error:  # Spark wraps executor failures; see executor_error
+        raise executor_error(error, f"staging batch {batch_id}") from None
+    failures = [row["failure"] for row in counts if row["failure"]]
+    if failures:  # a message could not be decoded under on_decode_error: fail; nothing is merged
+        raise executor_error(RuntimeError(failures[0]), f"staging batch {batch_id}")
+    staged = [0] * len(task.writers)
+    for row in counts:
+        staged[row["sink"]] += row["rows"]
+    return staged
+
+
+def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
+        return sink.stage_writer(batch_id, checkpoint_id)
+    return sink.stage_writer(batch_id)
+
+
+def merge_all(
+    pending: dict[str, BatchSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
+) -> dict[str, SinkOutcome]:
+    """Each sink's driver-side merge and ledger row, in its own transaction."""
+    outcome: dict[str, SinkOutcome] = {}
+    for sink_id, sink in pending.items():
+        if isinstance(sink, ClickHouseTableSink):  # rows were inserted by the executors; record the batch
+            merged = sink.merge(keys[sink_id], staged[sink_id])
+        else:
+            merged = sink.merge(keys[sink_id])
+        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[sink_id], rows_merged=merged or 0)
+    return outcome
 
 
 def land_batch(
@@ -89,34 +148,16 @@ def land_batch(
     sinks: dict[str, BatchSink],
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
-    outcome: dict[str, SinkOutcome] = {}
-    keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id) for sink_id, sink in sinks.items()}
-    pending = {sink_id: sink for sink_id, sink in sinks.items() if sink.prepare(keys[sink_id])}
-    for sink_id in sinks.keys() - pending.keys():
-        outcome[sink_id] = SinkOutcome(skipped=True)
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
     if not pending:
         return outcome
-
     started = time.monotonic()
-    task = StageTask(decode=decode, writers=tuple(_writer(sink, batch_id, checkpoint_id) for sink in pending.values()))
-    try:
-        counts = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(task, _COUNTS_SCHEMA).collect()
-    except Exception as error:  # Spark wraps executor failures; see executor_error
-        raise executor_error(error, f"staging batch {batch_id}") from None
-    failures = [row["failure"] for row in counts if row["failure"]]
-    if failures:  # a message could not be decoded under on_decode_error: fail; nothing is merged
-        raise executor_error(RuntimeError(failures[0]), f"staging batch {batch_id}")
-    staged = dict.fromkeys(range(len(pending)), 0)
-    for row in counts:
-        staged[row["sink"]] += row["rows"]
+    task = StageTask(
+        decode=decode, writers=tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
+    )
+    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id), strict=True))
     staged_at = time.monotonic()
-
-    for index, (sink_id, sink) in enumerate(pending.items()):
-        if isinstance(sink, ClickHouseTableSink):  # rows were inserted by the executors; record the batch
-            merged = sink.merge(keys[sink_id], staged[index])
-        else:
-            merged = sink.merge(keys[sink_id])
-        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[index], rows_merged=merged or 0)
+    outcome.update(merge_all(pending, keys, staged))
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
         batch_id,

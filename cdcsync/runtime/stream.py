@@ -32,6 +32,7 @@ from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline
 from cdcsync.config.settings import Settings
 from cdcsync.errors import CdcsyncError, ServiceError
 from cdcsync.pipeline.batch import BatchSink, land_batch
+from cdcsync.pipeline.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.dbretry import with_retries
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.dead_letters import DeadLetterWriter
@@ -100,8 +101,11 @@ class BatchHandler:
         checkpoint_dir: Path,
         spark_context: SparkContext,
         schema_registry: SchemaRegistryAccess | None = None,
+        graph: SourceGraph | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.graph = graph
+        """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.source_id = source_id
         self.source = source
         self.sinks = sinks
@@ -162,10 +166,13 @@ class BatchHandler:
             dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
             dead_letter_count=dead_letters,
         )
-        outcome = with_retries(
-            functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks),
-            describe=f"source '{self.source_id}' batch {batch_id}",
-        )
+        if self.graph is None:
+            land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks)
+        else:
+            land = functools.partial(
+                land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks
+            )
+        outcome = with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
         for sink_id, result in outcome.items():
             stats = self.sink_stats[sink_id]
             stats.batches += 1
@@ -229,7 +236,8 @@ class PipelineRunner:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
         sinks: dict[str, BatchSink] = {}
-        for sink_id, sink in self.pipeline.sinks_of(source_id).items():
+        fed = self.pipeline.sinks_of(source_id)
+        for sink_id, sink in fed.items():
             if isinstance(sink, ClickHouseSink):
                 dsn, url = self.settings.postgres_dsn, self.settings.clickhouse_url
                 sinks[sink_id] = ClickHouseTableSink(self.pipeline, sink_id, sink, dsn, url)
@@ -244,6 +252,9 @@ class PipelineRunner:
             checkpoint_dir,
             spark.sparkContext,
             schema_registry=SchemaRegistryAccess.from_settings(self.settings),
+            graph=SourceGraph.of(
+                self.pipeline, source_id, {sid: s.from_ for sid, s in fed.items()}, self.settings.postgres_dsn
+            ),
         )
         self.handlers[source_id] = handler
 

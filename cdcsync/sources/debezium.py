@@ -178,15 +178,19 @@ def _quote_ddl(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def output_spark_schema(spec: DecodeSpec) -> str:
-    """Spark DDL of :func:`decode_batches`' output: business columns, ``_cdc_*``, then ``_dlq_*``.
+def output_spark_schema(spec: DecodeSpec, *, dead_letters: bool = True) -> str:
+    """Spark DDL of :func:`decode_batches`' output: business columns, ``_cdc_*``, then ``_dlq_*`` (unless
+    ``dead_letters`` is false: the changes alone, as :class:`~cdcsync.sources.kafka.DecodeTask` passes them on).
 
     Also checks the spec (every type decodable, key columns declared) so that a bad one fails on the driver
     with a :class:`~cdcsync.errors.DecodeError`, before Spark ships it to executors."""
     _plan_for(spec)
+    return ", ".join(f"{_quote_ddl(name)} {spark_type}" for name, spark_type in _output_fields(spec, dead_letters))
+
+
+def _output_fields(spec: DecodeSpec, dead_letters: bool) -> list[tuple[str, str]]:
     fields = [(name, pg_type.spark_type) for name, pg_type in spec.columns]
-    fields += [*CDC_COLUMNS, *DLQ_COLUMNS]
-    return ", ".join(f"{_quote_ddl(name)} {spark_type}" for name, spark_type in fields)
+    return [*fields, *CDC_COLUMNS, *(DLQ_COLUMNS if dead_letters else ())]
 
 
 _DECIMAL_TYPE_RE = re.compile(r"decimal\((\d+),(\d+)\)")
@@ -218,13 +222,16 @@ def _arrow_type(spark_type: str) -> pa.DataType:
     raise DecodeError(f"Spark type '{spark_type}' has no Arrow counterpart in the decoder")
 
 
-def output_arrow_schema(spec: DecodeSpec) -> pa.Schema:
+def output_arrow_schema(spec: DecodeSpec, *, dead_letters: bool = True) -> pa.Schema:
     """The Arrow schema of the batches :func:`decode_batches` yields; matches :func:`output_spark_schema`."""
     import pyarrow as pa
 
-    fields = [(name, pg_type.spark_type) for name, pg_type in spec.columns]
-    fields += [*CDC_COLUMNS, *DLQ_COLUMNS]
-    return pa.schema([pa.field(name, _arrow_type(spark_type), nullable=True) for name, spark_type in fields])
+    return pa.schema(
+        [
+            pa.field(name, _arrow_type(spark_type), nullable=True)
+            for name, spark_type in _output_fields(spec, dead_letters)
+        ]
+    )
 
 
 def decode_batches(batches: Iterator[pa.RecordBatch], spec: DecodeSpec) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,203 @@
+"""A micro-batch that flows through SQL transforms and dynamic tables before it reaches its sinks.
+
+A source without transforms keeps the single pass of :mod:`cdcsync.pipeline.batch`. With transforms, Spark SQL
+has to see the decoded changes, so a batch takes these steps (the views are the plan's contract,
+:mod:`cdcsync.transforms.plan`):
+
+1. Ledger lookups, as for any batch: sinks that landed this batch before are skipped.
+2. Decode once, on the executors, into a cached DataFrame. Dead letters are written by the decoding tasks
+   (idempotently, so a recomputed partition records nothing twice); under ``on_decode_error: fail`` a task
+   reports the message as a row and the driver raises.
+3. Register the views, lazily: the source; each checked dynamic table's keys as they were before this batch
+   (reloaded only when the table changed); each side output's keys of this batch; each transform, in order.
+4. Side outputs land their keys in Postgres (ledgered); then each node that feeds sinks is staged in one pass
+   into all of its sinks; then each sink merges in its own ledgered transaction.
+5. In-memory dynamic tables take this batch's keys only now, after everything landed, so that a retried batch
+   never sees its own keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cdcsync.pipeline.batch import (
+    BatchSink,
+    SinkOutcome,
+    StageRowsTask,
+    merge_all,
+    pending_sinks,
+    stage,
+    writer_for,
+)
+from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
+from cdcsync.sources.debezium import output_arrow_schema, output_spark_schema
+from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
+from cdcsync.transforms.dynamic_tables import DynamicTable
+from cdcsync.transforms.plan import (
+    SideOutput,
+    TransformStep,
+    batch_keys_view,
+    input_view,
+    prior_keys_view,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdcsync.config.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+_FAILURE = "_cdc_failure"
+
+
+@dataclass(frozen=True)
+class SourceGraph:
+    """What one source's micro-batches feed besides sinks: its transforms, side outputs and checked tables."""
+
+    source_id: str
+    steps: tuple[TransformStep, ...]
+    fills: dict[str, SideOutput]
+    tables: dict[str, DynamicTable]
+    """Every dynamic table this source's steps check or its side outputs fill."""
+    sink_inputs: dict[str, str]
+    """Sink id -> the node (this source or one of its transforms) it reads."""
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, source_id: str, sink_inputs: dict[str, str], dsn: str) -> SourceGraph | None:
+        """The graph of ``source_id``; None when its batches need no transform (the single-pass path)."""
+        plan = pipeline.plan
+        nodes = {node for node, source in plan.source_of_node.items() if source == source_id} | {source_id}
+        steps = tuple(step for step in plan.steps if step.id in nodes)
+        fills = {
+            table_id: spec.fill
+            for table_id, spec in plan.dynamic_tables.items()
+            if spec.fill is not None and spec.fill.input in nodes
+        }
+        if not steps and not fills:
+            return None
+        used = {table_id for step in steps for table_id in step.dynamic_tables} | fills.keys()
+        tables = {t: DynamicTable(pipeline, plan.dynamic_tables[t], dsn) for t in sorted(used)}
+        return cls(source_id, steps, fills, tables, sink_inputs)
+
+
+@dataclass(frozen=True)
+class DecodeRowsTask:
+    """Executor side: decode one partition into change rows, a decode failure as a row of its own (picklable)."""
+
+    decode: DecodeTask
+    schema: pa.Schema
+    """The decoder's change schema plus ``_cdc_failure``."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        try:
+            for batch in self.decode(batches):
+                yield batch.append_column(_FAILURE, pa.nulls(batch.num_rows, pa.string()))
+        except RuntimeError as error:
+            if DECODE_FAILURE_MARKER not in str(error):
+                raise
+            # As in StageTask: a failure travels as data, so no Python worker is killed mid-task.
+            row = {name: [None] for name in self.schema.names} | {_FAILURE: [str(error)]}
+            yield pa.RecordBatch.from_pydict(row, schema=self.schema)
+
+
+def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int) -> DataFrame:
+    """The batch's changes, decoded once and cached; the caller unpersists it."""
+    import pyarrow as pa
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
+    ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
+    decoded = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+    decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # Scans every partition, so this also fills the cache that the later steps read.
+        failures = decoded.where(F.col(_FAILURE).isNotNull()).select(_FAILURE).collect()
+    except Exception as error:  # Spark wraps executor failures; see executor_error
+        decoded.unpersist()
+        raise executor_error(error, f"decoding batch {batch_id}") from None
+    if failures:
+        decoded.unpersist()
+        raise executor_error(RuntimeError(failures[0][0]), f"decoding batch {batch_id}")
+    return decoded
+
+
+def _register_views(
+    spark: SparkSession, graph: SourceGraph, changes: DataFrame, checkpoint_id: str, batch_id: int
+) -> None:
+    from pyspark.sql import functions as F
+
+    changes.createOrReplaceTempView(input_view(graph.source_id))
+    for table_id, table in graph.tables.items():
+        F.broadcast(table.prior_keys(spark, checkpoint_id, batch_id)).createOrReplaceTempView(prior_keys_view(table_id))
+    # Each view is analysed when registered, so what it reads must be registered first.
+    ready = {graph.source_id}
+    fills, steps = dict(graph.fills), list(graph.steps)
+    while fills or steps:
+        progressed = False
+        for table_id, fill in list(fills.items()):
+            if fill.input in ready:
+                side = spark.sql(fill.spark_sql).groupBy("key").agg(F.min("pos").alias("pos"))
+                side.createOrReplaceTempView(batch_keys_view(table_id))
+                del fills[table_id]
+                progressed = True
+        for step in list(steps):
+            if step.input in ready and not fills.keys() & set(step.dynamic_tables):
+                spark.sql(step.spark_sql).createOrReplaceTempView(input_view(step.id))
+                ready.add(step.id)
+                steps.remove(step)
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"transform graph of source '{graph.source_id}' has a cycle; validation missed it")
+
+
+def land_graph_batch(
+    raw: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    decode: DecodeTask,
+    graph: SourceGraph,
+    sinks: dict[str, BatchSink],
+) -> dict[str, SinkOutcome]:
+    """Land one micro-batch through the source's transforms and dynamic tables; see the module doc."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
+    if not pending and not graph.fills:
+        return outcome
+    started = time.monotonic()
+    spark = raw.sparkSession  # the query's own session: its temp views are invisible to other queries
+    decoded = _decode(raw, decode, batch_id)
+    try:
+        _register_views(spark, graph, decoded.drop(_FAILURE), checkpoint_id, batch_id)
+        for table_id, table in graph.tables.items():
+            if table_id in graph.fills and not table.in_memory:
+                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+        staged: dict[str, int] = {}
+        by_node: dict[str, list[str]] = {}
+        for sink_id in pending:
+            by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
+        for node, sink_ids in by_node.items():
+            task = StageRowsTask(tuple(writer_for(pending[s], batch_id, checkpoint_id) for s in sink_ids))
+            staged.update(zip(sink_ids, stage(spark.table(input_view(node)), task, batch_id), strict=True))
+        staged_at = time.monotonic()
+        outcome.update(merge_all(pending, keys, staged))
+        for table_id, table in graph.tables.items():
+            if table_id in graph.fills and table.in_memory:
+                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+    finally:
+        decoded.unpersist()
+    log.info(
+        "batch %d: decoded, transformed and staged in %.2fs, merged %s in %.2fs",
+        batch_id,
+        staged_at - started,
+        {sink_id: o.rows_merged for sink_id, o in outcome.items()},
+        time.monotonic() - staged_at,
+    )
+    return outcome

@@ -1,0 +1,210 @@
+"""Dynamic lookup tables at run time: the key sets ``dynamic_table_check`` tests against, and side outputs that
+fill them from the stream.
+
+Reading (:meth:`DynamicTable.prior_keys`): before each micro-batch the driver reads the table's change counter
+(one indexed row in ``cdcsync.dynamic_table_changes``, bumped by a statement trigger on every write by anyone).
+Only when it moved are the keys reloaded, with one ``COPY ... TO STDOUT`` into Arrow and then a Spark DataFrame
+that transforms join against with a broadcast. So an edit made with plain SQL is seen from the next micro-batch
+on, and an unchanged table costs one tiny query per batch.
+
+Writing (:meth:`DynamicTable.write`): the executors COPY the batch's new keys into a temp table and insert them
+with ``ON CONFLICT DO NOTHING``, tagging each row with the pipeline, checkpoint and batch that first wrote it;
+the driver records the write in ``cdcsync.batch_ledger`` like a sink, so a replayed batch skips it.
+
+Exactness on replay: a batch must check against the table as it was before the batch's first attempt, even if
+that attempt wrote its keys and then crashed before its sinks committed. The tags make that possible: the load
+leaves out rows this pipeline's checkpoint wrote in the same batch or a later one.
+
+``backend_type: in_memory`` tables live in the driver only: they start empty on every run and are filled by
+their side output alone (Streamling's semantics; not exact across restarts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.errors import MigrationError, SinkError
+from cdcsync.runtime.dbretry import classify_postgres_error
+from cdcsync.runtime.executor_errors import task_failure
+from cdcsync.sinks.ledger import LedgeredSink
+from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sql.render import render
+from cdcsync.transforms.plan import DynamicTableSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdcsync.config.pipeline import Pipeline
+
+_INTEGER_KEYS = {"smallint", "integer", "bigint"}
+
+
+@dataclass(frozen=True)
+class KeyWriter:
+    """Executor side of a side output (picklable): lands one partition of new keys, yields how many were new."""
+
+    dsn: str
+    statements: tuple[str, str, str]  # create temp table, copy, insert
+    params: dict[str, Any]
+    label: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow as pa
+
+        keys = [batch.column("key") for batch in batches if batch.num_rows]
+        written = 0
+        if keys:
+            create, copy_sql, insert = self.statements
+            try:
+                with psycopg.connect(self.dsn) as conn, conn.transaction(), conn.cursor() as cur:
+                    cur.execute(create)
+                    with cur.copy(copy_sql) as copy:
+                        copy.write(arrow_to_copy_csv([pa.chunked_array(keys)]))
+                    written = max(cur.execute(insert, self.params).rowcount, 0)
+            except psycopg.Error as error:
+                raise task_failure(f"{self.label}: writing keys of batch {self.params['batch_id']}", error) from None
+        yield pa.RecordBatch.from_pydict({"rows": [written]}, schema=pa.schema([("rows", pa.int64())]))
+
+
+class DynamicTable(LedgeredSink):
+    """Driver side of one dynamic table for one source's query (each query keeps its own cache and session)."""
+
+    def __init__(self, pipeline: Pipeline, spec: DynamicTableSpec, dsn: str) -> None:
+        super().__init__(pipeline, f"dynamic_table:{spec.id}", dsn)
+        self.spec = spec
+        values = {
+            "table": (spec.schema, spec.table),
+            "key_column": spec.key_column,
+            "key_type": spec.key_type.sql,
+        }
+        self._counter_sql = render("postgres/runtime/dynamic_counter.sql.j2")
+        self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values)
+        self._later_sql = render("postgres/runtime/dynamic_keys_later.sql.j2", **values)
+        self._write_statements = (
+            render("postgres/runtime/dynamic_keys_temp.sql.j2", **values),
+            render("postgres/runtime/dynamic_keys_copy.sql.j2", **values),
+            render("postgres/runtime/dynamic_keys_insert.sql.j2", **values),
+        )
+        self._cached: DataFrame | None = None
+        self._cached_counter: int | None = None
+        self.loads = 0
+        """How many times the keys were read from Postgres (the live view and tests show it)."""
+
+    @property
+    def label(self) -> str:
+        return f"dynamic table '{self.spec.id}'"
+
+    @property
+    def in_memory(self) -> bool:
+        return self.spec.backend == "in_memory"
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def prior_keys(self, spark: SparkSession, checkpoint_id: str, batch_id: int) -> DataFrame:
+        """The keys batch ``batch_id`` checks against (column ``key``, unique), reloaded only when they changed."""
+        if self.in_memory:
+            if self._cached is None:
+                self._cached = self._empty(spark)
+            return self._cached
+        params = {
+            "pipeline": self.pipeline.name,
+            "checkpoint_id": checkpoint_id,
+            "batch_id": batch_id,
+            "schema": self.spec.schema,
+            "table": self.spec.table,
+        }
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                counter = self._counter(conn, params)
+                if self._cached is not None and counter == self._cached_counter:
+                    return self._cached
+                with conn.cursor() as cur, cur.copy(self._load_sql, params) as copy:
+                    payload = b"".join(bytes(chunk) for chunk in copy)
+                complete = not conn.execute(self._later_sql, params).fetchone()[0]  # type: ignore[index]
+        except psycopg.Error as error:
+            raise self._error(f"reading keys for batch {batch_id}", error) from None
+        keys = self._to_dataframe(spark, payload)
+        self.loads += 1
+        # A load that left out this checkpoint's own later rows (a replay) is right for this batch only.
+        self._cached, self._cached_counter = (keys, counter) if complete else (None, None)
+        return keys
+
+    def _counter(self, conn: Any, params: dict[str, Any]) -> int:
+        row = conn.execute(self._counter_sql, params).fetchone()
+        if row is None:
+            raise MigrationError(
+                f"{self.label}: {self.spec.schema}.{self.spec.table} has no change counter",
+                hint="run `cdcsync init` and apply the migration that creates the table (`cdcsync migrate`)",
+            )
+        return int(row[0])
+
+    def _to_dataframe(self, spark: SparkSession, payload: bytes) -> DataFrame:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+        from pyspark.sql import functions as F
+
+        integer = self.spec.key_type.name in _INTEGER_KEYS
+        arrow_type = pa.int64() if integer else pa.string()
+        if payload:
+            table = pacsv.read_csv(
+                pa.py_buffer(payload),
+                read_options=pacsv.ReadOptions(column_names=["key"]),
+                convert_options=pacsv.ConvertOptions(column_types={"key": arrow_type}, strings_can_be_null=False),
+            )
+        else:
+            table = pa.table({"key": pa.array([], type=arrow_type)})
+        frame = spark.createDataFrame(table)
+        return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
+
+    def _empty(self, spark: SparkSession) -> DataFrame:
+        return spark.createDataFrame([], f"key {self.spec.key_type.spark_type}")
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def write(self, batch_keys: DataFrame, checkpoint_id: str, batch_id: int) -> int | None:
+        """Land this batch's side output (``key`` column, unique); None when the ledger shows it landed before.
+
+        In memory, the keys join the set only here, so call it once the batch's sinks have landed: a batch
+        retried after a failure must not see its own keys."""
+        if self.in_memory:
+            base = self._cached if self._cached is not None else self._empty(batch_keys.sparkSession)
+            self._cached = base.union(batch_keys.select("key")).distinct().localCheckpoint()
+            return None
+        import psycopg
+
+        ledger_key = self.ledger_key(batch_id, checkpoint_id)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
+                    return None
+        except psycopg.Error as error:
+            raise self._error(f"looking up batch {batch_id}", error) from None
+        writer = KeyWriter(
+            dsn=self.dsn,
+            statements=self._write_statements,
+            params={"pipeline": self.pipeline.name, "checkpoint_id": checkpoint_id, "batch_id": batch_id},
+            label=self.label,
+        )
+        from cdcsync.runtime.executor_errors import executor_error
+
+        try:
+            counts = batch_keys.select("key").mapInArrow(writer, "rows bigint").collect()
+        except Exception as error:  # Spark wraps executor failures
+            raise executor_error(error, f"{self.label}: writing batch {batch_id}") from None
+        written = sum(int(row["rows"]) for row in counts)
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.transaction():
+                conn.execute(self._ledger_record_sql, ledger_key)
+                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": written})
+        except psycopg.Error as error:
+            raise self._error(f"recording batch {batch_id}", error) from None
+        return written
+
+    def _error(self, doing: str, error: Exception) -> SinkError:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        failure = SinkError(f"{doing}: {message}", retriable=classify_postgres_error(error))
+        return failure.add_context(self.label)  # type: ignore[return-value]
