@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e bench bench-aggregate bench-clickhouse install jars clean
+.PHONY: demo test lint unit integration e2e bench bench-aggregate bench-clickhouse bench-lookup install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-aggregate: jars
 
 bench-clickhouse: jars
 	$(BIN)/python benchmarks/clickhouse.py
+
+bench-lookup: jars
+	$(BIN)/python benchmarks/lookup.py
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

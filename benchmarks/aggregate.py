@@ -25,13 +25,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from benchmarks.common import (
+    add_service_arguments,
+    bench_services,
+    fresh_database,
+    machine_line,
+    prepare_pipeline,
+    timed_run,
+)
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session
-from cdcsync.runtime.stream import PipelineRunner
-from cdcsync.sql import migrations
 
 AGGREGATES = {
     "revenue": {"from": "amount", "fn": "sum"},
@@ -64,21 +69,7 @@ def _pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, An
 
 
 def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, int]:
-    """Apply the pipeline's migrations, run it to catch-up; (first batch -> catch-up seconds, micro-batches)."""
-    import psycopg
-
-    settings = load_settings(
-        postgres__dsn=dsn,
-        kafka__bootstrap_servers=bootstrap,
-        state_dir=root / pipeline.name / "state",
-        migrations_dir=root / pipeline.name / "migrations",
-    )
-    migrations.init(pipeline, settings.migrations_dir)
-    with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
-    stats = PipelineRunner(pipeline, settings, available_now=True).run(spark).sources["orders"]
-    assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
-    return stats.last_batch_done_at - stats.first_batch_at, stats.batches
+    return timed_run(pipeline, prepare_pipeline(pipeline, root, dsn, bootstrap), spark)
 
 
 def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:

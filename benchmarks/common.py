@@ -14,7 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from typing import TYPE_CHECKING, Any
+
 from cdcsync.devstack import DevStackConfig, down, up
+
+if TYPE_CHECKING:
+    from cdcsync.config.pipeline import Pipeline
+    from cdcsync.config.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -75,3 +81,31 @@ def machine_line() -> str:
         f"machine: {platform.machine()}, {os.cpu_count() or 0} cores, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}"
     )
+
+
+def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -> Settings:
+    """Settings for one benchmark pipeline (own state and migrations), with its migrations applied to ``dsn``."""
+    import psycopg
+
+    from cdcsync.config.settings import load_settings
+    from cdcsync.sql import migrations
+
+    settings = load_settings(
+        postgres__dsn=dsn,
+        kafka__bootstrap_servers=bootstrap,
+        state_dir=root / pipeline.name / "state",
+        migrations_dir=root / pipeline.name / "migrations",
+    )
+    migrations.init(pipeline, settings.migrations_dir)
+    with psycopg.connect(dsn) as conn:
+        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+    return settings
+
+
+def timed_run(pipeline: Pipeline, settings: Settings, spark: Any, source: str = "orders") -> tuple[float, int]:
+    """Run the pipeline to catch-up: (seconds from its first micro-batch to catch-up, micro-batches)."""
+    from cdcsync.runtime.stream import PipelineRunner
+
+    stats = PipelineRunner(pipeline, settings, available_now=True).run(spark).sources[source]
+    assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
+    return stats.last_batch_done_at - stats.first_batch_at, stats.batches
