@@ -111,7 +111,12 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def _short(node: exp.Expr, limit: int = 60) -> str:
-    text = node.sql(dialect=DIALECT)
+    """``node`` as the user would write it (without the qualifier the rewrite adds), shortened for messages."""
+    shown = node.copy()
+    for column in list(shown.find_all(exp.Column)):
+        if column.table == ROW:
+            column.replace(exp.column(column.name))
+    text = shown.sql(dialect=DIALECT)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -589,7 +594,7 @@ def _compile_transform(
         spark_sql=_spark_sql(select),
         primary_key=tuple(transform.primary_key),
         columns=tuple((o.name, types[o.name]) for o in business),
-        dynamic_tables=tuple(dict.fromkeys(call.expressions[0].name for call in query.checks)),
+        dynamic_tables=tuple(sorted({call.expressions[0].name for call in query.checks})),
     )
 
 
@@ -632,9 +637,6 @@ def _compile_dynamic_table(
         )
     assert node is not None
     where = query.where
-    if query.checks:
-        problems.append(f"{where}: {CHECK_FUNCTION} cannot be used in a dynamic table's own sql")
-        return None
     if not _resolve_columns(query, node.columns, problems):
         return None
     projections = query.select.expressions
@@ -735,7 +737,11 @@ def build_plan(
         parsed = _Query(transform_id, where, select)
         _check_shape(parsed, problems)
         _resolve_input(parsed, streams, table_ids, set(unavailable), problems)
-        _collect_checks(parsed, table_ids, streams, problems)
+        if isinstance(transform, SqlTransform):
+            _collect_checks(parsed, table_ids, streams, problems)
+        elif any(call.name.lower() == CHECK_FUNCTION for call in select.find_all(exp.Anonymous)):
+            problems.append(f"{where}: {CHECK_FUNCTION} cannot be used in a dynamic table's own sql")
+            parsed.failed = True
         declared_from = transform.from_ if isinstance(transform, SqlTransform) else None
         if declared_from is not None and parsed.input is not None and declared_from != [parsed.input]:
             problems.append(
