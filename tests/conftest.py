@@ -393,3 +393,23 @@ def debezium_source(services: Services, debezium_connect: DebeziumConnect) -> It
         debezium.drop_replication_slot(source.dsn, name)
         with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local SparkSession with cdcsync's defaults (ANSI mode, UTC), no connectors: for tests of generated Spark
+    SQL over small DataFrames. One per test session; starting the JVM is the slow part."""
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master("local[2]").appName("cdcsync-tests")
+    for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g"}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 
 if TYPE_CHECKING:
-    from cdcsync.config.pipeline import KafkaSource, PostgresAggregateSink
+    from cdcsync.config.pipeline import PostgresAggregateSink
 
 INTEGER_TYPES = frozenset({"smallint", "integer", "bigint"})
 FLOAT_TYPES = frozenset({"real", "double precision"})
@@ -97,10 +97,16 @@ def generated_columns(aggregate_name: str, fn: str) -> list[str]:
     return [f"{aggregate_name}_sum", f"{aggregate_name}_count"] if fn == "avg" else []
 
 
-def resolve(sink: PostgresAggregateSink, source: KafkaSource) -> ResolvedAggregation:
-    """Resolve input columns and types; every problem is reported, none raised."""
+def resolve(
+    sink: PostgresAggregateSink, columns: dict[str, PgType], described: str | None = None
+) -> ResolvedAggregation:
+    """Resolve input columns and types; every problem is reported, none raised.
+
+    ``columns`` are the sink's input's (a source's or a SQL transform's); ``described`` names that input in
+    messages (``source 'orders'``).
+    """
     problems: list[str] = []
-    columns = source.column_types()
+    described = described or f"source '{sink.from_}'"
 
     def parse(path: str, text: str | None) -> PgType | None:
         if text is None:
@@ -114,7 +120,7 @@ def resolve(sink: PostgresAggregateSink, source: KafkaSource) -> ResolvedAggrega
     def input_column(path: str, name: str) -> PgType | None:
         if name not in columns:
             known = ", ".join(columns)
-            problems.append(f"{path}: column '{name}' is not in source '{sink.from_}' (its columns: {known})")
+            problems.append(f"{path}: column '{name}' is not in {described} (its columns: {known})")
             return None
         return columns[name]
 

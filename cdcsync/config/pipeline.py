@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SkipValidation, ValidationError, field_validator
 
 from cdcsync.config.aggregate import resolve as resolve_aggregation
+from cdcsync.config.base import StrictModel as _Model
+from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 from cdcsync.errors import ConfigError
+from cdcsync.transforms.plan import PipelinePlan, TransformStep
 
 METADATA_COLUMNS: tuple[str, ...] = (
     "_cdc_op",
@@ -34,18 +39,6 @@ RESERVED_COLUMNS: tuple[str, ...] = ("_batch_id", "_dlq_reason", "_dlq_key", "_d
 
 POSTGRES_MAX_IDENTIFIER = 63
 _PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-
-
-class _Model(BaseModel):
-    """Unknown keys are refused: a typo in YAML must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-def _as_key_list(value: str | list[str] | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [value] if isinstance(value, str) else list(value)
 
 
 class KafkaSource(_Model):
@@ -233,18 +226,37 @@ SINK_TYPES: dict[str, type[_Model]] = {
     "clickhouse": ClickHouseSink,
 }
 PLANNED_SINK_TYPES = ("dynamic_table", "delta", "print")
-PLANNED_TRANSFORM_TYPES = ("sql", "dynamic_table")
 
 
 class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
-    transforms: dict[str, Any] = Field(default_factory=dict)
+    transforms: dict[str, TransformModel] = Field(default_factory=dict)
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
+    plan: SkipValidation[PipelinePlan] = Field(default_factory=PipelinePlan, exclude=True)
+    """The transform graph as validated; the runtime executes it (:mod:`cdcsync.transforms.plan`)."""
+
+    def root_of(self, node_id: str) -> str:
+        """The source whose micro-batches feed ``node_id`` (a source, or a SQL transform)."""
+        return self.plan.source_of_node.get(node_id, node_id)
 
     def source_of(self, sink: SinkModel) -> KafkaSource:
-        return self.sources[sink.from_]
+        """The source whose micro-batches feed ``sink``, through any transforms (the runtime groups sinks by it)."""
+        return self.sources[self.root_of(sink.from_)]
+
+    def step_of(self, node_id: str) -> TransformStep | None:
+        """The SQL transform ``node_id``, as planned; None for a source."""
+        return next((step for step in self.plan.steps if step.id == node_id), None)
+
+    def columns_of(self, node_id: str) -> dict[str, PgType]:
+        """Business columns of a source or SQL transform, in order (the ``_cdc_*`` columns are implied)."""
+        step = self.step_of(node_id)
+        return dict(step.columns) if step is not None else self.sources[node_id].column_types()
+
+    def primary_key_of(self, node_id: str) -> list[str] | None:
+        step = self.step_of(node_id)
+        return list(step.primary_key) if step is not None else self.sources[node_id].primary_key
 
     def postgres_sinks(self) -> dict[str, AnySink]:
         """The sinks that land in Postgres (mirrors and aggregations)."""
@@ -255,13 +267,14 @@ class Pipeline(_Model):
         return {sid: s for sid, s in self.sinks.items() if isinstance(s, ClickHouseSink)}
 
     def sink_primary_key(self, sink: SinkModel) -> list[str]:
-        """The sink's key: its own ``primary_key``, else its source's (validation guarantees one exists)."""
-        key = sink.primary_key or self.source_of(sink).primary_key
+        """The sink's key: its own ``primary_key``, else its input's (validation guarantees one exists)."""
+        key = sink.primary_key or self.primary_key_of(sink.from_)
         assert key is not None, "validated pipelines always have a sink key"
         return key
 
     def sinks_of(self, source_id: str) -> dict[str, SinkModel]:
-        return {sink_id: sink for sink_id, sink in self.sinks.items() if sink.from_ == source_id}
+        """Sinks fed by ``source_id``'s micro-batches, directly or through transforms."""
+        return {sink_id: sink for sink_id, sink in self.sinks.items() if self.root_of(sink.from_) == source_id}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -353,14 +366,22 @@ def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> N
             problems.append(f"{where}.options.{option}: set by cdcsync itself; use 'topic' instead")
 
 
-def _check_sink(
-    pipeline_name: str,
-    sink_id: str,
-    sink: SinkModel,
-    sources: dict[str, KafkaSource],
-    declared_sources: set[str],
-    problems: list[str],
-) -> None:
+@dataclass(frozen=True)
+class _Inputs:
+    """What sinks may read: sources and planned SQL transforms with their columns, and what to stay quiet about."""
+
+    columns: dict[str, dict[str, PgType]]
+    primary_keys: dict[str, list[str] | None]
+    transforms: set[str]
+    dynamic_tables: set[str]
+    invalid: set[str]
+    """Declared sources and transforms whose own definition has problems (already reported)."""
+
+    def describe(self, node_id: str) -> str:
+        return f"{'transform' if node_id in self.transforms else 'source'} '{node_id}'"
+
+
+def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: _Inputs, problems: list[str]) -> None:
     where = _path("sinks", sink_id)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_names(where, sink, problems)
@@ -375,35 +396,40 @@ def _check_sink(
     else:
         _check_identifier(f"{where}.schema", sink.schema_, problems)
         _check_identifier(f"{where}.table", sink.table, problems)
-    if sink.from_ in declared_sources and sink.from_ not in sources:
-        return  # the source itself is invalid and already reported
-    if sink.from_ not in sources:
-        known = sorted(declared_sources)
+    if sink.from_ in inputs.invalid:
+        return  # the input itself is invalid and already reported
+    if sink.from_ in inputs.dynamic_tables:
         problems.append(
-            f"{where}.from: '{sink.from_}' is not a source{_did_you_mean(sink.from_, known)}; "
+            f"{where}.from: '{sink.from_}' is a dynamic table, not a stream; a sink reads a source or a sql transform"
+        )
+        return
+    if sink.from_ not in inputs.columns:
+        known = sorted(inputs.columns)
+        problems.append(
+            f"{where}.from: '{sink.from_}' is not a source or sql transform{_did_you_mean(sink.from_, known)}; "
             f"known: {', '.join(known) or 'none'}"
         )
         return
-    source = sources[sink.from_]
-    key = sink.primary_key or source.primary_key
+    columns = inputs.columns[sink.from_]
+    described = inputs.describe(sink.from_)
+    key = sink.primary_key or inputs.primary_keys[sink.from_]
     if key is None:
         problems.append(
-            f"{where}.primary_key: required, because source '{sink.from_}' declares no primary_key "
+            f"{where}.primary_key: required, because {described} declares no primary_key "
             "(the mirror table needs its key before the first message arrives)"
         )
         return
     for column in key:
-        if column not in source.columns:
+        if column not in columns:
             problems.append(
-                f"{where}.primary_key: column '{column}' is not in source '{sink.from_}'"
-                f"{_did_you_mean(column, list(source.columns))}"
+                f"{where}.primary_key: column '{column}' is not in {described}{_did_you_mean(column, list(columns))}"
             )
     if len(set(key)) != len(key):
         problems.append(f"{where}.primary_key: a column is listed twice")
     if isinstance(sink, PostgresAggregateSink):
-        problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, source).problems)
+        problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, columns, described).problems)
     if isinstance(sink, ClickHouseSink):
-        _check_clickhouse_columns(where, sink, source, key, problems)
+        _check_clickhouse_columns(where, sink, columns, described, key, problems)
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     _check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
@@ -419,19 +445,17 @@ def _check_clickhouse_names(where: str, sink: ClickHouseSink, problems: list[str
 
 
 def _check_clickhouse_columns(
-    where: str, sink: ClickHouseSink, source: KafkaSource, key: list[str], problems: list[str]
+    where: str, sink: ClickHouseSink, types: dict[str, PgType], described: str, key: list[str], problems: list[str]
 ) -> None:
     from cdcsync.config.clickhouse_types import METADATA_COLUMNS as CH_METADATA
     from cdcsync.config.clickhouse_types import is_string_type
 
-    types = source.column_types() if all(_parses(t) for t in source.columns.values()) else {}
     for column in sink.low_cardinality:
-        if column not in source.columns:
+        if column not in types:
             problems.append(
-                f"{where}.low_cardinality: column '{column}' is not in source '{sink.from_}'"
-                f"{_did_you_mean(column, list(source.columns))}"
+                f"{where}.low_cardinality: column '{column}' is not in {described}{_did_you_mean(column, list(types))}"
             )
-        elif column in types and not is_string_type(types[column]):
+        elif not is_string_type(types[column]):
             problems.append(
                 f"{where}.low_cardinality: column '{column}' is {types[column].sql}; only columns stored as "
                 "String in ClickHouse (text, varchar, char, json, ...) can be LowCardinality"
@@ -439,9 +463,9 @@ def _check_clickhouse_columns(
         elif column in key:
             problems.append(f"{where}.low_cardinality: '{column}' is a key column; keep keys plain")
     for name, _ in CH_METADATA:
-        if name in source.columns:
+        if name in types:
             problems.append(
-                f"{where}: source column '{name}' clashes with the column cdcsync adds to ClickHouse tables"
+                f"{where}: column '{name}' of {described} clashes with the column cdcsync adds to ClickHouse tables"
             )
 
 
@@ -460,6 +484,47 @@ def _target_tables(sink: SinkModel) -> list[tuple[str, str]]:
     if isinstance(sink, PostgresAggregateSink):
         return [("landing_table", sink.landing_table), ("agg_table", sink.agg_table)]
     return [("table", sink.table)]
+
+
+def _check_dynamic_table(table_id: str, table: DynamicTable, problems: list[str]) -> None:
+    where = _path("transforms", table_id)
+    if table.backend_type == "postgres":
+        _check_identifier(f"{where}.schema", table.schema_, problems)
+        _check_identifier(f"{where}.backend_entity_name", table.backend_entity_name, problems)
+    if table.key_column is not None:
+        _check_identifier(f"{where}.key_column", table.key_column, problems)
+        if table.key_column.startswith("_cdc_"):
+            problems.append(f"{where}.key_column: names starting with '_cdc_' are reserved for cdcsync")
+
+
+def _plan(
+    sources: dict[str, KafkaSource], transforms: dict[str, TransformModel], declared: set[str], problems: list[str]
+) -> tuple[PipelinePlan, _Inputs]:
+    """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
+    typed = {sid: s for sid, s in sources.items() if all(_parses(t) for t in s.columns.values())}
+    invalid = declared - set(sources) - set(transforms)
+    plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
+    if transforms:
+        from cdcsync.transforms.compile import StreamNode, build_plan
+
+        streams = {
+            sid: StreamNode(s.column_types(), tuple(s.primary_key) if s.primary_key else None)
+            for sid, s in typed.items()
+        }
+        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))
+        problems.extend(plan_problems)
+    planned = {step.id for step in plan.steps}
+    invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}
+    columns: dict[str, dict[str, PgType]] = {
+        sid: {n: parse_pg_type(t) if _parses(t) else PgType("text") for n, t in s.columns.items()}
+        for sid, s in sources.items()
+    }
+    primary_keys: dict[str, list[str] | None] = {sid: s.primary_key for sid, s in sources.items()}
+    for step in plan.steps:
+        columns[step.id] = dict(step.columns)
+        primary_keys[step.id] = list(step.primary_key)
+    dynamic_tables = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
+    return plan, _Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
 
 
 def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
@@ -500,35 +565,50 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
             if model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
-    transforms = raw.get("transforms") or {}
-    if not isinstance(transforms, dict):
+    transforms: dict[str, TransformModel] = {}
+    raw_transforms = raw.get("transforms") or {}
+    if not isinstance(raw_transforms, dict):
         problems.append("transforms: expected a mapping of id -> definition")
-        transforms = {}
-    for transform_id, transform in transforms.items():
-        kind = transform.get("type") if isinstance(transform, dict) else None
-        problems.append(
-            f"transforms.{transform_id}.type: '{kind}' transforms are not available in this version of cdcsync yet; "
-            "leave 'transforms' empty"
-        )
-    for duplicate in set(sources) & set(transforms):
+        raw_transforms = {}
+    for transform_id, transform in raw_transforms.items():
+        model, entry_problems = _validate_entry("transforms", str(transform_id), transform, TRANSFORM_TYPES, ())
+        problems.extend(entry_problems)
+        if model is not None:
+            transforms[str(transform_id)] = model  # type: ignore[assignment]
+    for duplicate in sorted({str(k) for k in raw_transforms} & {str(k) for k in raw.get("sources") or {}}):
         problems.append(f"transforms.{duplicate}: id is already used by a source")
 
-    declared_sources = {str(k) for k in raw["sources"]} if isinstance(raw.get("sources"), dict) else set()
+    declared = {
+        str(k) for section in ("sources", "transforms") if isinstance(raw.get(section), dict) for k in raw[section]
+    }
     for source_id, source in sources.items():
         _check_source(source_id, source, problems)
+    for transform_id, transform in transforms.items():
+        if isinstance(transform, DynamicTable):
+            _check_dynamic_table(transform_id, transform, problems)
+    plan, inputs = _plan(sources, transforms, declared, problems)
     seen_tables: dict[tuple[str, str, str], str] = {}
+    for table_id, spec in sorted(plan.dynamic_tables.items()):
+        if spec.backend == "postgres":
+            if ("pg", spec.schema, spec.table) in seen_tables:
+                problems.append(
+                    f"transforms.{table_id}.backend_entity_name: {spec.schema}.{spec.table} is already the table of "
+                    f"{seen_tables[('pg', spec.schema, spec.table)]}"
+                )
+            seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
-        _check_sink(str(name), sink_id, sink, sources, declared_sources, problems)
+        _check_sink(str(name), sink_id, sink, inputs, problems)
         kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:
                 owner = seen_tables[(kind, namespace, table)]
-                problems.append(f"sinks.{sink_id}.{key}: {namespace}.{table} is already the target of sink '{owner}'")
+                owner = owner if owner.startswith("dynamic") else f"sink '{owner}'"
+                problems.append(f"sinks.{sink_id}.{key}: {namespace}.{table} is already the target of {owner}")
             seen_tables[(kind, namespace, table)] = sink_id
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
-    return Pipeline(name=name, sources=sources, transforms=transforms, sinks=sinks, path=path)
+    return Pipeline(name=name, sources=sources, transforms=transforms, sinks=sinks, path=path, plan=plan)
 
 
 def load_pipeline(path: Path) -> Pipeline:

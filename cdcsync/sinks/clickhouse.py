@@ -196,7 +196,7 @@ class ClickHouseTableSink(LedgeredSink):
         self.sink = sink
         self.clickhouse_url = clickhouse_url
         self.state = clickhouse_migrations.sink_state(pipeline, sink)
-        self.columns = tuple(pipeline.source_of(sink).columns)
+        self.columns = tuple(pipeline.columns_of(sink.from_))
         self.primary_key = tuple(self.state["primary_key"])
         types = {c["name"]: c["type"] for c in self.state["columns"]}
         self.key_types = tuple(types[k] for k in self.primary_key)

@@ -176,13 +176,11 @@ class PostgresUpsertSink(LedgeredSink):
     def __init__(self, pipeline: Pipeline, sink_id: str, sink: AnySink, dsn: str) -> None:
         super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
-        source = pipeline.source_of(sink)
-        self.columns = tuple(source.columns)
+        columns = pipeline.columns_of(sink.from_)
+        self.columns = tuple(columns)
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
-        self.toastable = {
-            name: kind for name, pg in source.column_types().items() if (kind := _toast_kind(pg)) is not None
-        }
+        self.toastable = {name: kind for name, pg in columns.items() if (kind := _toast_kind(pg)) is not None}
         """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb,
         text[], integer[])."""
         stage = (names.INTERNAL_SCHEMA, names.stage_table(pipeline.name, sink_id))

@@ -57,7 +57,6 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
 
 def sink_state(pipeline: Pipeline, sink: ClickHouseSink) -> dict[str, Any]:
     """One sink's entry of :func:`desired_state`."""
-    source = pipeline.source_of(sink)
     key = pipeline.sink_primary_key(sink)
     columns = [
         {
@@ -66,7 +65,7 @@ def sink_state(pipeline: Pipeline, sink: ClickHouseSink) -> dict[str, Any]:
                 pg_type, key=name in key, low_cardinality=name in sink.low_cardinality
             ),
         }
-        for name, pg_type in source.column_types().items()
+        for name, pg_type in pipeline.columns_of(sink.from_).items()
     ]
     return {
         "database": sink.database,

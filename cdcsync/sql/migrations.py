@@ -44,7 +44,8 @@ from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, rende
 if TYPE_CHECKING:
     import psycopg
 
-    from cdcsync.config.pipeline import KafkaSource, Pipeline
+    from cdcsync.config.pipeline import Pipeline
+    from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
 STATE_FORMAT = 1
@@ -90,18 +91,18 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     postgres_sinks = pipeline.postgres_sinks()  # ClickHouse sinks: cdcsync.sql.clickhouse_migrations
     for sink_id in sorted(postgres_sinks):
         sink = postgres_sinks[sink_id]
-        source = pipeline.source_of(sink)
+        columns = pipeline.columns_of(sink.from_)
         sinks[sink_id] = {
             "schema": sink.schema_,
             "table": sink.table,
-            "columns": [{"name": name, "type": pg_type.sql} for name, pg_type in source.column_types().items()],
+            "columns": [{"name": name, "type": pg_type.sql} for name, pg_type in columns.items()],
             "primary_key": list(pipeline.sink_primary_key(sink)),
             "delete_mode": sink.delete_mode,
             "stage_table": names.stage_table(pipeline.name, sink_id),
             "tombstone_table": names.tombstone_table(pipeline.name, sink_id) if sink.delete_mode == "hard" else None,
         }
         if isinstance(sink, PostgresAggregateSink):
-            sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, source)
+            sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, columns)
     return {
         "format": STATE_FORMAT,
         "database": DATABASE,
@@ -113,7 +114,7 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def _aggregate_state(
-    pipeline_name: str, sink_id: str, sink: PostgresAggregateSink, source: KafkaSource
+    pipeline_name: str, sink_id: str, sink: PostgresAggregateSink, columns: dict[str, PgType]
 ) -> dict[str, Any]:
     """What ``templates/postgres/aggregate.sql.j2`` renders for one ``postgres_aggregate`` sink.
 
@@ -129,7 +130,7 @@ def _aggregate_state(
     ``index`` (min and max only) names the landing-table index that makes recomputing a group's extreme an
     index probe; aggregates of the same column share it.
     """
-    resolved = resolve_aggregation(sink, source)
+    resolved = resolve_aggregation(sink, columns)
     assert not resolved.problems, "validated pipelines resolve without problems"
     aggregates = []
     for aggregate in resolved.aggregates:

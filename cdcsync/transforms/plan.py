@@ -90,7 +90,8 @@ class TransformStep:
 @dataclass(frozen=True)
 class PipelinePlan:
     steps: tuple[TransformStep, ...] = ()
-    """Topological order: a step comes after the step it reads."""
+    """Topological order: a step comes after the step it reads, and after the input of every side output that
+    fills a dynamic table it checks (so each fill can run as soon as its input view exists)."""
     dynamic_tables: dict[str, DynamicTableSpec] = field(default_factory=dict)
     source_of_node: dict[str, str] = field(default_factory=dict)
     """Node id (source or transform) -> the source whose micro-batches feed it."""

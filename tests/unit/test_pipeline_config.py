@@ -90,7 +90,7 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.from",
             "orderz",
-            "sinks.orders_mirror.from: 'orderz' is not a source (did you mean 'orders'?)",
+            "sinks.orders_mirror.from: 'orderz' is not a source or sql transform (did you mean 'orders'?)",
         ),
         (
             "sinks.orders_mirror.delete_mode",
@@ -159,7 +159,8 @@ def test_composite_keys_are_lists() -> None:
         ("sources", [], "sources: at least one entry is required"),
         ("sinks", ["a"], "sinks: expected a mapping"),
         ("sinks.orders_mirror", "postgres", "sinks.orders_mirror: expected a mapping of keys, got str"),
-        ("transforms", {"big": {"type": "sql"}}, "transforms.big.type: 'sql' transforms are not available"),
+        ("transforms", {"big": {"type": "sql"}}, "transforms.big.sql: required key is missing"),
+        ("transforms", {"big": {"type": "python"}}, "transforms.big.type: 'python' is not one of sql, dynamic_table"),
         ("extra", 1, "extra: unknown key"),
     ],
 )
