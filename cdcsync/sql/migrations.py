@@ -49,8 +49,19 @@ if TYPE_CHECKING:
 
 DATABASE = "postgres"
 STATE_FORMAT = 1
-INTERNAL_VERSION = 2
-"""Version of the tables in the internal schema: 2 added ``truncations``. States without it are version 1."""
+INTERNAL_VERSION = 3
+"""Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
+trigger function. States without it are version 1."""
+_INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
+    (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
+    (
+        3,
+        "internal_dynamic_tables.sql.j2",
+        names.DYNAMIC_TABLE_CHANGES_TABLE,
+        "the change counter of dynamic tables, and the trigger function bumping it",
+    ),
+)
+"""(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 STATE_PREFIX = "-- cdcsync-state: "
 CHECKSUM_PREFIX = "-- checksum: "
 TRAILER_MARKER = "-- cdcsync-ledger:"
@@ -86,6 +97,9 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     Columns keep the source's declaration order; types are canonical (``parse_pg_type(...).sql``);
     ``tombstone_table`` is null in soft delete mode. A ``postgres_aggregate`` sink's ``table`` is its landing
     table, and its entry has an ``aggregate`` key as well (see :func:`_aggregate_state`).
+
+    Postgres-backed dynamic tables, when there are some, are under ``"dynamic_tables"``:
+    ``{"vip": {"schema": "public", "table": "vip_customers", "key_column": "key", "key_type": "bigint"}}``.
     """
     sinks: dict[str, Any] = {}
     postgres_sinks = pipeline.postgres_sinks()  # ClickHouse sinks: cdcsync.sql.clickhouse_migrations
@@ -103,7 +117,7 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
         }
         if isinstance(sink, PostgresAggregateSink):
             sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, columns)
-    return {
+    state = {
         "format": STATE_FORMAT,
         "database": DATABASE,
         "pipeline": pipeline.name,
@@ -111,6 +125,19 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
         "internal_version": INTERNAL_VERSION,
         "sinks": sinks,
     }
+    tables = {
+        table_id: {
+            "schema": spec.schema,
+            "table": spec.table,
+            "key_column": spec.key_column,
+            "key_type": spec.key_type.sql,
+        }
+        for table_id, spec in sorted(pipeline.plan.dynamic_tables.items())
+        if spec.backend == "postgres"
+    }
+    if tables:
+        state["dynamic_tables"] = tables
+    return state
 
 
 def _aggregate_state(
@@ -335,9 +362,12 @@ class InitResult:
 
 @dataclass(frozen=True)
 class _Change:
-    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns"]
+    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table"]
     sink_id: str = ""
+    """The sink's id, or the dynamic table's (``add_dynamic_table``)."""
     columns: tuple[tuple[str, str], ...] = ()
+    from_version: int = INTERNAL_VERSION
+    """``upgrade_internal``: the internal tables version the migrations had."""
 
 
 def _slug(text: str) -> str:
@@ -361,7 +391,7 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
         )
     old_version = old.get("internal_version", 1)
     if old_version < new["internal_version"]:
-        changes.append(_Change("upgrade_internal"))
+        changes.append(_Change("upgrade_internal", from_version=old_version))
     elif old_version > new["internal_version"]:
         destructive.append(
             f"the migrations were written by a newer cdcsync (internal tables version {old_version}); upgrade cdcsync"
@@ -408,7 +438,37 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
         added = tuple((name, type_) for name, type_ in new_columns.items() if name not in old_columns)
         if added:
             changes.append(_Change("add_columns", sink_id, added))
+    _diff_dynamic_tables(old.get("dynamic_tables", {}), new.get("dynamic_tables", {}), changes, destructive)
     return changes, destructive
+
+
+def _diff_dynamic_tables(
+    old: dict[str, Any], new: dict[str, Any], changes: list[_Change], destructive: list[str]
+) -> None:
+    for table_id in sorted(old):
+        if table_id not in new:
+            table = quote_qualified(old[table_id]["schema"], old[table_id]["table"])
+            destructive.append(
+                f"dynamic table '{table_id}' was removed, renamed or moved to another backend; its table {table} "
+                "and its trigger would have to be dropped or renamed"
+            )
+    for table_id in sorted(new):
+        after = new[table_id]
+        if table_id not in old:
+            changes.append(_Change("add_dynamic_table", table_id))
+            continue
+        before = old[table_id]
+        for key, what in (
+            ("schema", "schema"),
+            ("table", "table"),
+            ("key_column", "key column"),
+            ("key_type", "key type"),
+        ):
+            if before[key] != after[key]:
+                destructive.append(
+                    f"dynamic table '{table_id}': {what} changed from {before[key]} to {after[key]}; its table "
+                    f"{quote_qualified(before['schema'], before['table'])} would have to be rebuilt"
+                )
 
 
 def _aggregate_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
@@ -428,6 +488,8 @@ def _apply_change(state: dict[str, Any], change: _Change, desired: dict[str, Any
         after["internal_version"] = desired["internal_version"]
     elif change.kind == "add_sink":
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
+    elif change.kind == "add_dynamic_table":
+        after.setdefault("dynamic_tables", {})[change.sink_id] = desired["dynamic_tables"][change.sink_id]
     elif change.kind == "add_columns":
         after["sinks"][change.sink_id]["columns"].extend(
             {"name": name, "type": type_} for name, type_ in change.columns
@@ -465,18 +527,25 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
         what = [
             f"schema {quote_ident(internal_schema)} with tables "
             f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
-            f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}"
+            f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}, "
+            f"{quote_ident(names.DYNAMIC_TABLE_CHANGES_TABLE)}"
         ]
         for sink_id, sink in sorted(state["sinks"].items()):
             parts.append(_render_sink(pipeline_name, sink_id, sink, internal_schema))
             what.extend(_sink_what(sink_id, sink, internal_schema))
+        for table_id, table in sorted(state.get("dynamic_tables", {}).items()):
+            parts.append(_render_dynamic_table(pipeline_name, table_id, table, internal_schema))
+            what.append(_dynamic_table_what(table_id, table))
         return "init", what, "\n".join(parts)
     if change.kind == "upgrade_internal":
-        body = render(f"{DATABASE}/internal_truncations.sql.j2", schema=internal_schema)
-        what = [
-            f"table {quote_qualified(internal_schema, names.TRUNCATIONS_TABLE)}: the last truncate applied per sink"
-        ]
+        upgrades = [upgrade for upgrade in _INTERNAL_UPGRADES if upgrade[0] > change.from_version]
+        body = "\n".join(render(f"{DATABASE}/{template}", schema=internal_schema) for _, template, _, _ in upgrades)
+        what = [f"table {quote_qualified(internal_schema, table)}: {what}" for _, _, table, what in upgrades]
         return "upgrade_internal_tables", what, body
+    if change.kind == "add_dynamic_table":
+        table = state["dynamic_tables"][change.sink_id]
+        body = _render_dynamic_table(pipeline_name, change.sink_id, table, internal_schema)
+        return f"add_dynamic_table_{_slug(change.sink_id)}", [_dynamic_table_what(change.sink_id, table)], body
     sink = state["sinks"][change.sink_id]
     if change.kind == "add_sink":
         body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)
@@ -489,6 +558,18 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
         *(f"  {quote_ident(name)} {type_}" for name, type_ in change.columns),
     ]
     return f"add_columns_{_slug(change.sink_id)}", what, body
+
+
+def _render_dynamic_table(pipeline_name: str, table_id: str, table: dict[str, Any], internal_schema: str) -> str:
+    values = {"pipeline": pipeline_name, "table_id": table_id, "table": table, "internal_schema": internal_schema}
+    return render(f"{DATABASE}/dynamic_table.sql.j2", **values)
+
+
+def _dynamic_table_what(table_id: str, table: dict[str, Any]) -> str:
+    return (
+        f"dynamic table '{table_id}': table {quote_qualified(table['schema'], table['table'])} keyed by "
+        f"{quote_ident(table['key_column'])} {table['key_type']}, with a trigger counting its changes"
+    )
 
 
 def _render_sink(pipeline_name: str, sink_id: str, sink: dict[str, Any], internal_schema: str) -> str:

@@ -15,6 +15,13 @@ SCHEMA_MIGRATIONS_TABLE = "schema_migrations"
 BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
 TRUNCATIONS_TABLE = "truncations"
+DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
+DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
+    ("_cdc_pipeline", "text"),
+    ("_cdc_checkpoint", "text"),
+    ("_cdc_batch_id", "bigint"),
+)
+"""Columns of a dynamic table that the pipeline fills for the rows it writes (NULL in rows anyone else writes)."""
 
 # Columns of the mirror table beside the business columns.
 VERSION_COLUMN = "_cdc_version"

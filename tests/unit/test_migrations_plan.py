@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlglot import exp as sqlglot_exp
 
+import cdcsync
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.errors import MigrationError
 from cdcsync.sql import migrations
@@ -329,3 +331,99 @@ def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: 
     assert 'CREATE TABLE IF NOT EXISTS "cdcsync"."truncations"' in text
     assert '"app"."orders"' not in text
     assert migrations.init(pipeline(base_raw()), migrations_dir).up_to_date
+
+
+# ---- dynamic tables ------------------------------------------------------------------------------------------
+
+
+def with_dynamic_tables(raw: dict[str, Any], **tables: dict[str, Any]) -> dict[str, Any]:
+    raw = copy.deepcopy(raw)
+    raw["transforms"] = {
+        table_id: {"type": "dynamic_table", "backend_type": "postgres", "backend_entity_name": table_id, **table}
+        for table_id, table in tables.items()
+    }
+    return raw
+
+
+def test_dynamic_table_migration_golden(tmp_path: Path) -> None:
+    from tests.unit.test_templates import check_golden, parse_postgres
+
+    raw = with_dynamic_tables(
+        base_raw(),
+        vip={"backend_entity_name": "VIP customers", "schema": "crm", "key_type": "bigint"},
+        seen={"sql": "SELECT customer_id AS customer FROM orders"},
+        scratch={"backend_type": "in-memory", "sql": "SELECT id FROM orders"},
+    )
+    (planned,) = migrations.plan(pipeline(raw), tmp_path)
+    check_golden(
+        "0001_init_dynamic_tables.sql", planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
+    )
+    assert planned.state["dynamic_tables"] == {
+        "seen": {"schema": "public", "table": "seen", "key_column": "customer", "key_type": "bigint"},
+        "vip": {"schema": "crm", "table": "VIP customers", "key_column": "key", "key_type": "bigint"},
+    }, "in_memory tables have no Postgres objects"
+    assert "scratch" not in planned.text
+    creates = [s for s in parse_postgres(planned.text) if isinstance(s, sqlglot_exp.Create) and s.kind == "TABLE"]
+    vip = next(s for s in creates if s.find(sqlglot_exp.Table).name == "VIP customers")
+    assert [c.name for c in vip.find_all(sqlglot_exp.ColumnDef)] == [
+        "key",
+        "_cdc_pipeline",
+        "_cdc_checkpoint",
+        "_cdc_batch_id",
+    ]
+    assert 'AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "crm"."VIP customers"' in planned.text
+
+
+def test_adding_a_dynamic_table_writes_only_its_migration(migrations_dir: Path) -> None:
+    migrations.init(pipeline(base_raw()), migrations_dir)
+    raw = with_dynamic_tables(base_raw(), vip={"key_type": "bigint"})
+    (written,) = migrations.init(pipeline(raw), migrations_dir).written
+    assert written.filename == "0002_add_dynamic_table_vip.sql"
+    assert 'CREATE TABLE IF NOT EXISTS "public"."vip"' in written.text and '"app"."orders"' not in written.text
+    assert 'CREATE TABLE IF NOT EXISTS "cdcsync"' not in written.text, (
+        "the counter table itself comes with the internal tables"
+    )
+    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    # An in_memory table needs nothing in Postgres.
+    memory = with_dynamic_tables(raw, vip={"key_type": "bigint"}, memo={"backend_type": "in_memory"})
+    assert migrations.init(pipeline(memory), migrations_dir).up_to_date
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"key_type": "text"}, "dynamic table 'vip': key type changed from bigint to text"),
+        ({"key_type": "bigint", "key_column": "customer_id"}, "key column changed from key to customer_id"),
+        ({"key_type": "bigint", "backend_entity_name": "vips"}, "table changed from vip to vips"),
+        ({"key_type": "bigint", "backend_type": "in_memory"}, "dynamic table 'vip' was removed, renamed or moved"),
+    ],
+)
+def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict[str, Any], expected: str) -> None:
+    migrations.init(pipeline(with_dynamic_tables(base_raw(), vip={"key_type": "bigint"})), migrations_dir)
+    with pytest.raises(MigrationError) as caught:
+        migrations.init(pipeline(with_dynamic_tables(base_raw(), vip=table)), migrations_dir)
+    assert expected in str(caught.value)
+    assert len(list(files_dir(migrations_dir).iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    ("old_version", "creates"),
+    [(None, ["truncations", "dynamic_table_changes"]), (2, ["dynamic_table_changes"])],
+)
+def test_internal_upgrade_creates_what_the_old_version_lacks(
+    migrations_dir: Path, old_version: int | None, creates: list[str]
+) -> None:
+    migrations.init(pipeline(base_raw()), migrations_dir)
+    first = files_dir(migrations_dir) / "0001_init.sql"
+    old_text = first.read_text()
+    state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
+    old_state = json.loads(state_line[len(migrations.STATE_PREFIX) :])
+    if old_version is None:
+        del old_state["internal_version"]
+    else:
+        old_state["internal_version"] = old_version
+    first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
+
+    (written,) = migrations.init(pipeline(with_dynamic_tables(base_raw(), vip={})), migrations_dir).written[:1]
+    created = re.findall(r'CREATE TABLE IF NOT EXISTS "cdcsync"\."(\w+)"', written.text)
+    assert written.filename == "0002_upgrade_internal_tables.sql" and created == creates

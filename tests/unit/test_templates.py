@@ -119,11 +119,15 @@ def check_golden(name: str, actual: str) -> None:
 
 
 def parse_postgres(sql: str) -> list[exp.Expr]:
-    """Every statement of ``sql``, parsed strictly: sqlglot must understand each one (no Command fallback)."""
+    """Every statement of ``sql``, parsed strictly: sqlglot must understand each one (no Command fallback), except
+    PL/pgSQL functions, which sqlglot does not parse (the integration tests run them on a real Postgres)."""
     statements = [statement for statement in sqlglot.parse(sql, read="postgres") if statement is not None]
     assert statements, "no statements"
     for statement in statements:
-        assert not isinstance(statement, exp.Command), f"sqlglot could not parse: {statement.sql()[:200]}"
+        if isinstance(statement, exp.Command):
+            assert statement.sql().startswith("CREATE OR REPLACE FUNCTION"), (
+                f"sqlglot could not parse: {statement.sql()[:200]}"
+            )
     return statements
 
 
@@ -134,7 +138,8 @@ def test_internal_schema_golden() -> None:
     sql = render("postgres/internal_schema.sql.j2", schema=names.INTERNAL_SCHEMA)
     check_golden("internal_schema.sql", sql)
     kinds = [type(s).__name__ for s in parse_postgres(sql)]
-    assert kinds == ["Create", "Create", "Comment", "Create", "Comment", "Create", "Comment", "Create", "Comment"]
+    tables = ["Create", "Comment"] * 5  # schema_migrations ... dynamic_table_changes
+    assert kinds == ["Create", *tables, "Command"], "the schema, each table with its comment, the trigger function"
 
 
 def test_mirror_table_hard_golden() -> None:
@@ -172,7 +177,7 @@ def test_init_migration_file_golden(tmp_path: Path) -> None:
     text = planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
     check_golden("0001_init.sql", text)
     kinds = {type(s).__name__ for s in parse_postgres(planned.text)}
-    assert kinds == {"Create", "Comment", "Insert"}
+    assert kinds == {"Create", "Comment", "Insert", "Command"}
 
 
 # ---- the rendered DDL has the shape the design asks for ------------------------------------------------------
@@ -268,7 +273,7 @@ def test_weird_pipeline_renders_valid_sql(tmp_path: Path) -> None:
     pipeline = weird_pipeline()
     (planned,) = migrations.plan(pipeline, tmp_path)
     statements = parse_postgres(planned.text)
-    assert {type(s).__name__ for s in statements} == {"Create", "Comment", "Insert"}
+    assert {type(s).__name__ for s in statements} == {"Create", "Comment", "Insert", "Command"}
     tables = {
         (t.db, t.name)
         for s in statements

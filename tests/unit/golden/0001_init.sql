@@ -1,7 +1,7 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations"
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "dynamic_table_changes"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -13,8 +13,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:ed26e7f1d85acfe394ac66e05d909ba2fcf3305e8339e1c238c2d3384737bea4
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":2,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
+-- checksum: sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -61,6 +61,24 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
+    "table_schema" text,
+    "table_name" text,
+    "change_count" bigint NOT NULL,
+    PRIMARY KEY ("table_schema", "table_name")
+);
+COMMENT ON TABLE "cdcsync"."dynamic_table_changes" IS 'cdcsync: per dynamic table, how many statements changed it; the pipeline reloads its keys when this moves';
+
+CREATE OR REPLACE FUNCTION "cdcsync"."count_dynamic_table_change"() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $cdcsync$
+BEGIN
+    INSERT INTO "cdcsync"."dynamic_table_changes" AS counter ("table_schema", "table_name", "change_count")
+    VALUES (TG_TABLE_SCHEMA, TG_TABLE_NAME, 1)
+    ON CONFLICT ("table_schema", "table_name") DO UPDATE SET "change_count" = counter."change_count" + 1;
+    RETURN NULL;
+END
+$cdcsync$;
 
 CREATE SCHEMA IF NOT EXISTS "app";
 
@@ -122,5 +140,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:ed26e7f1d85acfe394ac66e05d909ba2fcf3305e8339e1c238c2d3384737bea4')
+VALUES ('shop', '0001_init.sql', 'sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -43,3 +43,21 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
+    "table_schema" text,
+    "table_name" text,
+    "change_count" bigint NOT NULL,
+    PRIMARY KEY ("table_schema", "table_name")
+);
+COMMENT ON TABLE "cdcsync"."dynamic_table_changes" IS 'cdcsync: per dynamic table, how many statements changed it; the pipeline reloads its keys when this moves';
+
+CREATE OR REPLACE FUNCTION "cdcsync"."count_dynamic_table_change"() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $cdcsync$
+BEGIN
+    INSERT INTO "cdcsync"."dynamic_table_changes" AS counter ("table_schema", "table_name", "change_count")
+    VALUES (TG_TABLE_SCHEMA, TG_TABLE_NAME, 1)
+    ON CONFLICT ("table_schema", "table_name") DO UPDATE SET "change_count" = counter."change_count" + 1;
+    RETURN NULL;
+END
+$cdcsync$;

@@ -1,0 +1,153 @@
+-- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
+-- generator: cdcsync VERSION
+-- creates:
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "dynamic_table_changes"
+--   sink 'orders_mirror' (delete_mode hard, primary key "id"):
+--     table "app"."orders": the mirror table
+--     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
+--     table "cdcsync"."shop__orders_mirror__tombstones": its hard-deleted keys
+--   dynamic table 'seen': table "public"."seen" keyed by "customer" bigint, with a trigger counting its changes
+--   dynamic table 'vip': table "crm"."VIP customers" keyed by "key" bigint, with a trigger counting its changes
+-- apply with: cdcsync migrate PIPELINE.yaml
+--         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
+-- the checksum covers the SQL between this header and the ledger record at the end;
+-- an applied file must not change: write a new migration instead
+-- checksum: sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"}}}
+
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."schema_migrations" (
+    "pipeline" text,
+    "filename" text,
+    "checksum" text NOT NULL,
+    "applied_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "filename")
+);
+COMMENT ON TABLE "cdcsync"."schema_migrations" IS 'cdcsync: migration files applied to this database, with the checksum of each as applied';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
+    "pipeline" text,
+    "sink" text,
+    "checkpoint_id" text,
+    "batch_id" bigint,
+    "rows_written" bigint NOT NULL,
+    "committed_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
+);
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
+    "id" bigserial PRIMARY KEY,
+    "pipeline" text NOT NULL,
+    "source" text NOT NULL,
+    "topic" text NOT NULL,
+    "partition" int NOT NULL,
+    "offset" bigint NOT NULL,
+    "key" bytea,
+    "value" bytea,
+    "reason" text NOT NULL,
+    "failed_at" timestamptz NOT NULL DEFAULT now(),
+    UNIQUE ("pipeline", "topic", "partition", "offset")
+);
+COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
+    "pipeline" text,
+    "sink" text,
+    "version" bigint NOT NULL,
+    "truncated_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink")
+);
+COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
+    "table_schema" text,
+    "table_name" text,
+    "change_count" bigint NOT NULL,
+    PRIMARY KEY ("table_schema", "table_name")
+);
+COMMENT ON TABLE "cdcsync"."dynamic_table_changes" IS 'cdcsync: per dynamic table, how many statements changed it; the pipeline reloads its keys when this moves';
+
+CREATE OR REPLACE FUNCTION "cdcsync"."count_dynamic_table_change"() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $cdcsync$
+BEGIN
+    INSERT INTO "cdcsync"."dynamic_table_changes" AS counter ("table_schema", "table_name", "change_count")
+    VALUES (TG_TABLE_SCHEMA, TG_TABLE_NAME, 1)
+    ON CONFLICT ("table_schema", "table_name") DO UPDATE SET "change_count" = counter."change_count" + 1;
+    RETURN NULL;
+END
+$cdcsync$;
+
+CREATE SCHEMA IF NOT EXISTS "app";
+
+CREATE TABLE IF NOT EXISTS "app"."orders" (
+    "id" bigint NOT NULL,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "app"."orders" IS 'maintained by cdcsync pipeline ''shop'', sink ''orders_mirror'' (delete_mode hard); do not write to it by hand';
+
+CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
+    "_batch_id" bigint NOT NULL,
+    "id" bigint,
+    "customer_id" bigint,
+    "amount" numeric(12,2),
+    "_cdc_op" text NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    "_cdc_ts" timestamptz
+);
+COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
+    "id" bigint NOT NULL,
+    "_cdc_version" bigint NOT NULL,
+    PRIMARY KEY ("id")
+);
+COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';
+
+CREATE SCHEMA IF NOT EXISTS "public";
+
+CREATE TABLE IF NOT EXISTS "public"."seen" (
+    "customer" bigint PRIMARY KEY,
+    "_cdc_pipeline" text,
+    "_cdc_checkpoint" text,
+    "_cdc_batch_id" bigint
+);
+COMMENT ON TABLE "public"."seen" IS 'dynamic table ''seen'' of cdcsync pipeline ''shop'': edit its keys freely, the pipeline sees each change from its next micro-batch on';
+
+INSERT INTO "cdcsync"."dynamic_table_changes" ("table_schema", "table_name", "change_count")
+VALUES ('public', 'seen', 0)
+ON CONFLICT ("table_schema", "table_name") DO NOTHING;
+
+CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "public"."seen"
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION "cdcsync"."count_dynamic_table_change"();
+
+CREATE SCHEMA IF NOT EXISTS "crm";
+
+CREATE TABLE IF NOT EXISTS "crm"."VIP customers" (
+    "key" bigint PRIMARY KEY,
+    "_cdc_pipeline" text,
+    "_cdc_checkpoint" text,
+    "_cdc_batch_id" bigint
+);
+COMMENT ON TABLE "crm"."VIP customers" IS 'dynamic table ''vip'' of cdcsync pipeline ''shop'': edit its keys freely, the pipeline sees each change from its next micro-batch on';
+
+INSERT INTO "cdcsync"."dynamic_table_changes" ("table_schema", "table_name", "change_count")
+VALUES ('crm', 'VIP customers', 0)
+ON CONFLICT ("table_schema", "table_name") DO NOTHING;
+
+CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "crm"."VIP customers"
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION "cdcsync"."count_dynamic_table_change"();
+
+-- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
+INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
+VALUES ('shop', '0001_init.sql', 'sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f')
+ON CONFLICT ("pipeline", "filename") DO NOTHING;
