@@ -505,12 +505,9 @@ def _plan(
     invalid = declared - set(sources) - set(transforms)
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     if transforms:
-        from cdcsync.transforms.compile import StreamNode, build_plan
+        from cdcsync.transforms.compile import build_plan
 
-        streams = {
-            sid: StreamNode(s.column_types(), tuple(s.primary_key) if s.primary_key else None)
-            for sid, s in typed.items()
-        }
+        streams = {sid: s.column_types() for sid, s in typed.items()}
         plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))
         problems.extend(plan_problems)
     planned = {step.id for step in plan.steps}
