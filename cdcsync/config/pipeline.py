@@ -599,9 +599,8 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:
                 owner = seen_tables[(kind, namespace, table)]
-                owner = owner if owner.startswith("dynamic") else f"sink '{owner}'"
                 problems.append(f"sinks.{sink_id}.{key}: {namespace}.{table} is already the target of {owner}")
-            seen_tables[(kind, namespace, table)] = sink_id
+            seen_tables[(kind, namespace, table)] = f"sink '{sink_id}'"
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
