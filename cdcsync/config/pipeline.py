@@ -505,12 +505,9 @@ def _plan(
     invalid = declared - set(sources) - set(transforms)
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     if transforms:
-        from cdcsync.transforms.compile import StreamNode, build_plan
+        from cdcsync.transforms.compile import build_plan
 
-        streams = {
-            sid: StreamNode(s.column_types(), tuple(s.primary_key) if s.primary_key else None)
-            for sid, s in typed.items()
-        }
+        streams = {sid: s.column_types() for sid, s in typed.items()}
         plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))
         problems.extend(plan_problems)
     planned = {step.id for step in plan.steps}
@@ -602,9 +599,8 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:
                 owner = seen_tables[(kind, namespace, table)]
-                owner = owner if owner.startswith("dynamic") else f"sink '{owner}'"
                 problems.append(f"sinks.{sink_id}.{key}: {namespace}.{table} is already the target of {owner}")
-            seen_tables[(kind, namespace, table)] = sink_id
+            seen_tables[(kind, namespace, table)] = f"sink '{sink_id}'"
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")

@@ -60,6 +60,8 @@ _GENERATORS = frozenset(
     {"explode", "explode_outer", "posexplode", "posexplode_outer", "inline", "inline_outer", "stack", "json_tuple"}
 )
 _GENERATOR_CLASSES: tuple[type[exp.Expr], ...] = (exp.Explode, exp.Posexplode, exp.Inline, exp.Unnest)
+_NONDETERMINISTIC = frozenset({"monotonically_increasing_id", "spark_partition_id", "input_file_name"})
+_NONDETERMINISTIC_CLASSES: tuple[type[exp.Expr], ...] = (exp.Rand, exp.Randn, exp.Uuid, exp.Shuffle)
 _UNSUPPORTED_CLAUSES: tuple[tuple[str, str], ...] = (
     ("with_", "WITH (common table expressions): chain transforms instead, each reading the one before"),
     (
@@ -82,20 +84,14 @@ _UNSUPPORTED_CLAUSES: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class StreamNode:
-    """What the planner knows of a node that yields changes (a source, or a transform already planned)."""
-
-    columns: dict[str, PgType]
-    """Business columns in order (the ``_cdc_*`` columns are implied)."""
-    primary_key: tuple[str, ...] | None
+Columns = dict[str, PgType]
+"""A stream's business columns in order; its ``_cdc_*`` columns are implied."""
 
 
 @dataclass
 class _Query:
     """One parsed SQL text (a transform's, or a dynamic table's fill) on its way to Spark SQL."""
 
-    owner: str
     where: str
     """YAML path of the SQL, the prefix of its problems."""
     select: exp.Select
@@ -168,7 +164,15 @@ def _check_shape(query: _Query, problems: list[str]) -> None:
             )
             break
     seen: set[str] = set()
-    for found in select.find_all(exp.AggFunc, exp.Window, *_GENERATOR_CLASSES, exp.Anonymous):
+    kinds: tuple[type[exp.Expr], ...] = (
+        exp.AggFunc,
+        exp.Window,
+        *_GENERATOR_CLASSES,
+        *_NONDETERMINISTIC_CLASSES,
+        exp.Anonymous,
+    )
+    found: exp.Expr
+    for found in select.find_all(*kinds):
         name = found.name.lower() if isinstance(found, exp.Anonymous) else ""
         if isinstance(found, exp.Window):
             message = f"window function {_short(found)}: windows need state across micro-batches"
@@ -179,6 +183,11 @@ def _check_shape(query: _Query, problems: list[str]) -> None:
             )
         elif isinstance(found, _GENERATOR_CLASSES) or name in _GENERATORS:
             message = f"generator {_short(found)}: it yields several rows per change; a transform yields exactly one"
+        elif isinstance(found, _NONDETERMINISTIC_CLASSES) or name in _NONDETERMINISTIC:
+            message = (
+                f"{_short(found)} is nondeterministic: a replayed micro-batch must yield the same rows, and the "
+                "rewrite evaluates the WHERE once per computed column"
+            )
         else:
             continue
         if message not in seen:
@@ -490,16 +499,16 @@ def _compile_transform(
     transform_id: str,
     transform: SqlTransform,
     query: _Query,
-    node: StreamNode,
+    columns: Columns,
     specs: dict[str, DynamicTableSpec],
     problems: list[str],
 ) -> TransformStep | None:
     where = query.where
     prefix = f"transforms.{transform_id}"
     before = len(problems)
-    if not _resolve_columns(query, node.columns, problems):
+    if not _resolve_columns(query, columns, problems):
         return None
-    joins = _rewrite_checks(query, specs, node.columns)
+    joins = _rewrite_checks(query, specs, columns)
     outputs = _outputs(query, problems)
     if outputs is None:
         return None
@@ -548,17 +557,17 @@ def _compile_transform(
             problems.append(f"{path}: not an output column of the sql{_did_you_mean(name, list(by_name))}")
         elif (declared := _parse_type(path, type_text, problems)) is not None:
             output = by_name[name]
-            if name in transform.primary_key and output.plain and declared != node.columns.get(output.plain):
-                problems.append(f"{path}: a key column keeps its input type ({node.columns[output.plain].sql})")
+            if name in transform.primary_key and output.plain and declared != columns.get(output.plain):
+                problems.append(f"{path}: a key column keeps its input type ({columns[output.plain].sql})")
             overrides[name] = declared
 
     computed = [o for o in business if o.plain is None and o.name not in overrides]
     inferred = dict(
-        zip((o.name for o in computed), _infer_types([o.expression for o in computed], node.columns), strict=True)
+        zip((o.name for o in computed), _infer_types([o.expression for o in computed], columns), strict=True)
     )
     types: dict[str, PgType] = {}
     for output in business:
-        pg = overrides.get(output.name) or (node.columns[output.plain] if output.plain else inferred[output.name])
+        pg = overrides.get(output.name) or (columns[output.plain] if output.plain else inferred[output.name])
         if pg is None:
             problems.append(
                 f"{where}: cannot infer the type of column '{output.name}' ({_short(output.expression)}); "
@@ -575,7 +584,7 @@ def _compile_transform(
     for output in business:
         pg = types[output.name]
         expression = output.expression
-        if output.plain is None or pg != node.columns[output.plain]:
+        if output.plain is None or pg != columns[output.plain]:
             expression = exp.cast(expression, _spark_type(pg))
             if keep is not None:
                 expression = exp.Case().when(keep.copy(), expression)
@@ -617,7 +626,7 @@ def _compile_dynamic_table(
     table_id: str,
     table: DynamicTable,
     query: _Query | None,
-    node: StreamNode | None,
+    columns: Columns | None,
     problems: list[str],
 ) -> DynamicTableSpec | None:
     prefix = f"transforms.{table_id}"
@@ -635,9 +644,9 @@ def _compile_dynamic_table(
             key_column=table.key_column or "key",
             key_type=declared or PgType("text"),
         )
-    assert node is not None
+    assert columns is not None
     where = query.where
-    if not _resolve_columns(query, node.columns, problems):
+    if not _resolve_columns(query, columns, problems):
         return None
     projections = query.select.expressions
     if len(projections) != 1:
@@ -649,9 +658,9 @@ def _compile_dynamic_table(
     inner = projections[0].unalias()
     plain = inner.name if isinstance(inner, exp.Column) else None
     name = projections[0].alias or plain or "key"
-    value_type = node.columns.get(plain, METADATA_TYPES.get(plain or "")) if plain else None
+    value_type = columns.get(plain, METADATA_TYPES.get(plain or "")) if plain else None
     if plain is None:
-        value_type = _infer_types([inner], node.columns)[0]
+        value_type = _infer_types([inner], columns)[0]
     key_type = declared or value_type
     if key_type is None:
         problems.append(f"{where}: cannot infer the type of the key ({_short(inner)}); declare it as {prefix}.key_type")
@@ -712,7 +721,7 @@ def _order(edges: dict[str, list[str]], problems: list[str]) -> list[str]:
 
 
 def build_plan(
-    sources: dict[str, StreamNode],
+    sources: dict[str, Columns],
     transforms: dict[str, TransformModel],
     unavailable: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[PipelinePlan, list[str]]:
@@ -734,7 +743,7 @@ def build_plan(
         if select is None:
             unavailable = unavailable | {transform_id}
             continue
-        parsed = _Query(transform_id, where, select)
+        parsed = _Query(where, select)
         _check_shape(parsed, problems)
         _resolve_input(parsed, streams, table_ids, set(unavailable), problems)
         if isinstance(transform, SqlTransform):
@@ -757,7 +766,7 @@ def build_plan(
         edges[transform_id].extend(call.expressions[0].name for call in parsed.checks)
 
     root: dict[str, str] = {source_id: source_id for source_id in sources}
-    nodes: dict[str, StreamNode] = dict(sources)
+    nodes: dict[str, Columns] = dict(sources)
     steps: list[TransformStep] = []
     specs: dict[str, DynamicTableSpec] = {}
     for transform_id in _order(edges, problems):
@@ -793,6 +802,6 @@ def build_plan(
             continue
         steps.append(step)
         root[transform_id] = root[query.input]
-        nodes[transform_id] = StreamNode(dict(step.columns), step.primary_key)
+        nodes[transform_id] = dict(step.columns)
     plan = PipelinePlan(steps=tuple(steps), dynamic_tables=specs, source_of_node=root)
     return plan, problems

@@ -8,10 +8,11 @@ Contract between the plan and the runtime (:mod:`cdcsync.pipeline.batch`):
 
 * Every node (source or SQL transform) of one micro-batch is visible to Spark SQL as the temporary view
   :func:`input_view` of its id, with its business columns followed by the six ``_cdc_*`` columns.
-* A dynamic table ``t`` is visible as two views: :func:`prior_keys_view` (column ``key``: the keys the table held
-  before this batch, unique) and :func:`batch_keys_view` (columns ``key`` and ``pos``: the keys this batch's side
-  output adds, each with the smallest position ``named_struct('topic', _cdc_topic, 'partition', _cdc_partition,
-  'offset', _cdc_offset)`` of a row that produced it, unique by key).
+* A dynamic table ``t`` is visible as two views (``key`` typed as ``DynamicTableSpec.key_type.spark_type``):
+  :func:`prior_keys_view` (column ``key``: the keys the table held before this batch, unique) and
+  :func:`batch_keys_view` (columns ``key`` and ``pos``: the keys this batch's side output adds, each with the
+  smallest position ``named_struct('topic', _cdc_topic, 'partition', _cdc_partition, 'offset', _cdc_offset)`` of
+  a row that produced it, unique by key).
 * ``TransformStep.spark_sql`` reads only those views and yields exactly one row per input row: the business
   columns of ``TransformStep.columns`` in order, then the ``_cdc_*`` columns. A change that the transform's WHERE
   rejects comes out as a delete of its key (``_cdc_op = 'd'``, other computed columns NULL), so that downstream

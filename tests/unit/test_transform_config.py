@@ -253,6 +253,8 @@ BAD_SQL: list[tuple[str, str, tuple[str, ...]]] = [
     ("SELECT *, explode(array(1, 2)) AS x FROM orders", "generator", ()),
     ("SELECT * FROM orders LATERAL VIEW explode(array(1, 2)) t AS x", "LATERAL VIEW", ()),
     ("SELECT * FROM orders WHERE id IN (SELECT id FROM orders)", "a subquery", ()),
+    ("SELECT * FROM orders WHERE rand() < 0.5", "RAND() is nondeterministic", ()),
+    ("SELECT *, uuid() AS u FROM orders", "UUID() is nondeterministic", ()),
     ("SELECT * FROM (SELECT * FROM orders) o", "FROM a subquery", ()),
     ("WITH o AS (SELECT * FROM orders) SELECT * FROM o", "WITH", ()),
     ("SELECT /*+ REPARTITION(4) */ * FROM orders", "query hints", ()),
