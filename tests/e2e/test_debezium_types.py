@@ -32,7 +32,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import DebeziumSource
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import Project, assert_each_batch_once, sigkill_mid_stream
 
 TABLE = "everything"
 
@@ -337,8 +337,37 @@ def test_every_debezium_type_mirrors_the_source(
     value_format: str,
     modes: dict[str, str],
 ) -> None:
-    source = debezium_source
     connect_mode = modes.get("time.precision.mode") == "connect"
+    publish_workload(debezium_source, value_format, modes, kafka_bootstrap, schema_registry_url)
+    project = types_project(make_project, debezium_source, value_format, modes, schema_registry_url)
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode)
+
+
+def test_sigkill_mid_stream_then_restart_mirrors_the_source(
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
+    kafka_bootstrap: str,
+    schema_registry_url: str,
+    debezium_source: DebeziumSource,
+) -> None:
+    """The same workload (JSON; about 450 messages), mirrored in micro-batches of 150 by the real CLI, which is
+    SIGKILLed at a random moment after the first batch and restarted: the mirror still equals the source, and
+    the ledger holds each batch once."""
+    publish_workload(debezium_source, "json", {}, kafka_bootstrap, schema_registry_url)
+    project = types_project(make_project, debezium_source, "json", {}, schema_registry_url, max_offsets_per_trigger=150)
+    killed_at = sigkill_mid_stream(project, postgres_dsn, "types", after_batches=1)
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode=False)
+    batches = assert_each_batch_once(postgres_dsn, "types", ["mirror"])
+    assert len(batches["mirror"]) > len(killed_at.get("mirror", [])), "the kill came after the stream was drained"
+
+
+def publish_workload(
+    source: DebeziumSource, value_format: str, modes: dict[str, str], bootstrap: str, registry_url: str
+) -> None:
+    """The table of every type, its seeded workload around the connector's start, and the edge cases for
+    certain; returns once all of it is in Kafka, checking that the TOAST placeholders were exercised."""
     ddl = sql.SQL(", ").join(
         sql.SQL("{} " + ddl_type).format(sql.Identifier(n)) for n, (ddl_type, _) in COLUMNS.items()
     )
@@ -359,10 +388,19 @@ def test_every_debezium_type_mirrors_the_source(
         conn.execute(sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE)), (big, key))
         conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
     source.wait_caught_up()
-    registry = schema_registry_url if value_format == "avro" else None
-    seen = placeholders_seen(kafka_bootstrap, source.topic(f"public.{TABLE}"), registry)
-    assert seen == {"body", "big_tags", "big_ints"}
+    registry = registry_url if value_format == "avro" else None
+    assert placeholders_seen(bootstrap, source.topic(f"public.{TABLE}"), registry) == {"body", "big_tags", "big_ints"}
 
+
+def types_project(
+    make_project: Callable[[dict[str, Any]], Project],
+    source: DebeziumSource,
+    value_format: str,
+    modes: dict[str, str],
+    registry_url: str,
+    **source_extra: Any,
+) -> Project:
+    """The mirror pipeline of the table, its migrations applied."""
     project = make_project(
         {
             "name": "types",
@@ -375,16 +413,20 @@ def test_every_debezium_type_mirrors_the_source(
                     "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
                     "on_decode_error": "fail",
                     "time_precision_mode": modes.get("time.precision.mode", "adaptive"),
+                    **source_extra,
                 }
             },
             "sinks": {"mirror": {"type": "postgres", "from": TABLE, "schema": "app", "table": TABLE}},
         }
     )
-    project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = schema_registry_url
+    project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = registry_url
     project.prepare()
-    project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    missing, extra = differences(source.dsn, postgres_dsn, connect_mode)
+    return project
+
+
+def assert_mirror_equals_source(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> None:
+    missing, extra = differences(source_dsn, mirror_dsn, connect_mode)
     assert not missing and not extra, describe(missing, extra)
-    with psycopg.connect(source.dsn) as conn:
+    with psycopg.connect(source_dsn) as conn:
         count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE))).fetchone()
     assert count is not None and count[0] > 10
