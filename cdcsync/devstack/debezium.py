@@ -61,10 +61,10 @@ DEFAULT_PUBLICATION = "cdcsync_source"
 WATERMARK_PREFIX = "cdcsync.watermark"
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+"""Apicurio's (``cdcsync.runtime.jars.APICURIO_CONVERTER_COORDINATES``), in the connector's plugin directory."""
 APICURIO_API_PATH = schema_registry.APICURIO_PREFIX
-SERVICE_MANIFESTS = {
-    "org.apache.kafka.connect.storage.Converter": ["io.apicurio.registry.utils.converter.AvroConverter"]
-}
+SERVICE_MANIFESTS = {"org.apache.kafka.connect.storage.Converter": [AVRO_CONVERTER]}
 """ServiceLoader entries the plugin's jars lack (see :func:`_write_manifest_jar`)."""
 VALUE_FORMATS = ("json", "avro")
 
@@ -241,12 +241,10 @@ def avro_converter_config(schema_registry_url: str) -> dict[str, str]:
     ccompat API (and the dev registry, where it is also the Confluent id) serves at ``/schemas/ids/{id}``, and
     ``headers.enabled=false`` keeps it in the body rather than in Kafka headers.
     """
-    from cdcsync.runtime.jars import APICURIO_AVRO_CONVERTER_CLASS
-
     config: dict[str, str] = {}
     for side in ("key", "value"):
         prefix = f"{side}.converter"
-        config[prefix] = APICURIO_AVRO_CONVERTER_CLASS
+        config[prefix] = AVRO_CONVERTER
         for option, value in (
             ("url", schema_registry_url.rstrip("/") + APICURIO_API_PATH),
             ("auto-register", "true"),

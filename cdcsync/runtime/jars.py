@@ -45,7 +45,6 @@ DEBEZIUM_POSTGRES_COORDINATES = [f"io.debezium:debezium-connector-postgres:{DEBE
 # directory, as Debezium's container images put it.
 APICURIO_VERSION = "2.6.13.Final"
 APICURIO_CONVERTER_COORDINATES = [f"io.apicurio:apicurio-registry-utils-converter:{APICURIO_VERSION}"]
-APICURIO_AVRO_CONVERTER_CLASS = "io.apicurio.registry.utils.converter.AvroConverter"
 # What the Connect worker already provides (Connect's API, the Kafka client, slf4j, Jackson) or what only the
 # client needs: kept out of the plugin directory so the plugin sees the worker's copies. Jackson matters: with
 # a second copy in the plugin, Debezium's converters cannot call the worker's JsonConverter (JsonNode differs).
