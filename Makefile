@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e bench bench-aggregate bench-clickhouse bench-lookup install jars clean
+.PHONY: demo test lint unit integration e2e bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ demo: jars
 
 bench: jars
 	$(BIN)/python benchmarks/upsert.py
+
+bench-avro: jars
+	$(BIN)/python benchmarks/upsert.py --format avro
 
 bench-aggregate: jars
 	$(BIN)/python benchmarks/aggregate.py

@@ -30,19 +30,27 @@ class BenchServices:
     bootstrap: str
     clickhouse_url: str = ""
     """ClickHouse HTTP interface (clickhouse-connect DSN); empty when services were given without one."""
+    schema_registry_url: str = ""
+    """A Confluent-compatible schema registry; empty when services were given without one."""
 
 
 def add_service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--postgres-dsn", help="use this server (maintenance database) instead of a dev stack")
     parser.add_argument("--bootstrap", help="use this Kafka instead of a dev stack")
     parser.add_argument("--clickhouse-url", help="with --postgres-dsn and --bootstrap: this ClickHouse")
+    parser.add_argument("--schema-registry-url", help="with --postgres-dsn and --bootstrap: this schema registry")
 
 
 @contextlib.contextmanager
 def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServices]:
     """The services named on the command line, else a dev stack of the benchmark's own (own ports, own state)."""
     if args.postgres_dsn and args.bootstrap:
-        yield BenchServices(args.postgres_dsn, args.bootstrap, getattr(args, "clickhouse_url", None) or "")
+        yield BenchServices(
+            args.postgres_dsn,
+            args.bootstrap,
+            getattr(args, "clickhouse_url", None) or "",
+            getattr(args, "schema_registry_url", None) or "",
+        )
         return
     stack = DevStackConfig(
         state_dir=root / "stack",
@@ -59,6 +67,7 @@ def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServic
             f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync",
             f"127.0.0.1:{stack.kafka_port}",
             f"http://default@127.0.0.1:{stack.clickhouse_port}",
+            f"http://127.0.0.1:{stack.schema_registry_port}",
         )
     finally:
         down(stack)

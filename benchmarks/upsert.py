@@ -1,4 +1,5 @@
-"""End-to-end upsert throughput: ``make bench`` (or ``python benchmarks/upsert.py [--changes N --keys K]``).
+"""End-to-end upsert throughput: ``make bench`` (or ``python benchmarks/upsert.py [--changes N --keys K]
+[--format avro]``).
 
 1. starts a dev stack of its own (temporary state dir, ports of its own) unless ``--postgres-dsn`` and
    ``--bootstrap`` point at running services;
@@ -11,29 +12,63 @@
 6. times a plain ``COPY`` of the same final rows into an empty table with the same primary key — the ceiling —
    and prints the ratio.
 
+``--format avro`` then does steps 2-5 again with the same changes in Avro, as Debezium's AvroConverter writes them
+(Confluent wire format, schemas registered in the stack's schema registry, or ``--schema-registry-url``, or an
+in-process stand-in), into a topic and a database of their own, and prints both formats side by side with the
+decoder's own cost: rows/s of :func:`cdcsync.sources.debezium.decode_batches` on one core (CPU time, no Spark) over
+the same messages in Kafka-shaped Arrow batches, as ``benchmarks/decode.py`` measures it. Both pipelines share one
+Spark session; JSON runs first and so also pays the session's first-batch warm-up (seconds: small against 1M
+changes, but it dominates a small ``--changes`` run).
+
 Prints its figures; asserts only correctness.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from benchmarks.decode import decoder_seconds, registry_standin
 from cdcsync.config.pipeline import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
+from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session
 from cdcsync.runtime.stream import PipelineRunner
-from cdcsync.sql import migrations
+from cdcsync.sources.avro import SchemaRegistryAccess
+from cdcsync.sources.debezium import DecodeSpec
+
+
+@dataclass
+class FormatRun:
+    """One format's end-to-end run and its decoder-only figure."""
+
+    name: str
+    events: list[workload.ChangeEvent]
+    messages: int = 0
+    produce_s: float = 0.0
+    total_s: float = 0.0
+    streaming_s: float = 0.0
+    batches: int = 0
+    dsn: str = ""
+    decode_cpu_s: float = 0.0
+
+    @property
+    def bytes_per_change(self) -> float:
+        values = [len(e.value) for e in self.events if e.value is not None]
+        return sum(values) / len(values)
 
 
 def main() -> None:
@@ -41,70 +76,74 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    parser.add_argument(
+        "--format",
+        choices=("json", "avro"),
+        default="json",
+        help="avro: the same changes again in Avro, printed side by side with JSON (default: json only)",
+    )
     add_service_arguments(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp, bench_services(args, Path(tmp)) as services:
-        run(args, Path(tmp), services.admin_dsn, services.bootstrap)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-")))
+        services = stack.enter_context(bench_services(args, tmp))
+        registry_url = stack.enter_context(_registry(args.format, services.schema_registry_url))
+        run(args, tmp, services.admin_dsn, services.bootstrap, registry_url)
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+@contextlib.contextmanager
+def _registry(fmt: str, given: str) -> Iterator[str]:
+    """The schema registry for Avro: the services' own, else an in-process stand-in."""
+    if fmt != "avro" or given:
+        yield given
+        return
+    with registry_standin() as url:
+        yield url
+
+
+def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, registry_url: str) -> None:
     import psycopg
 
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=False)
     generated = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    messages = workload.produce(bootstrap, topic, load.events, partitions=4)
-    produced = time.perf_counter() - t0
     print(
         f"generated {load.changes:,} changes over {args.keys:,} keys in {generated:.1f}s "
         f"({load.counts['c']:,} inserts, {load.counts['u']:,} updates, {load.counts['d']:,} deletes, "
-        f"{load.counts['tombstone']:,} tombstones); produced {messages:,} messages in {produced:.1f}s",
+        f"{load.counts['tombstone']:,} tombstones)",
         flush=True,
     )
+    runs = [FormatRun("json", load.events)]
+    topics = {"json": f"bench.public.orders_{uuid.uuid4().hex[:8]}"}
+    if args.format == "avro":
+        topics["avro"] = f"bench.public.orders_avro_{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        avro_events = workload.to_avro(load.events, *workload.register_avro_schemas(registry_url, topics["avro"]))
+        print(f"re-encoded them in Avro in {time.perf_counter() - t0:.1f}s", flush=True)
+        runs.append(FormatRun("avro", avro_events))
+    for one in runs:
+        t0 = time.perf_counter()
+        one.messages = workload.produce(bootstrap, topics[one.name], one.events, partitions=4)
+        one.produce_s = time.perf_counter() - t0
+        print(f"{one.name}: produced {one.messages:,} messages in {one.produce_s:.1f}s", flush=True)
 
-    dsn = fresh_database(admin_dsn, "bench")
-
-    source: dict[str, Any] = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(load.columns)}
-    if args.max_offsets_per_trigger:
-        source["max_offsets_per_trigger"] = args.max_offsets_per_trigger
-    pipeline = validate_pipeline_dict(
-        {
-            "name": "bench",
-            "sources": {"orders": source},
-            "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
-        }
-    )
-    settings = load_settings(
-        postgres__dsn=dsn,
-        kafka__bootstrap_servers=bootstrap,
-        state_dir=root / "state",
-        migrations_dir=root / "migrations",
-    )
-    migrations.init(pipeline, settings.migrations_dir)
-    with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
-
+    spark_settings = load_settings(kafka__bootstrap_servers=bootstrap, state_dir=root / "state")
     t0 = time.perf_counter()
-    spark = build_spark_session(settings, "cdcsync-bench")
+    spark = build_spark_session(spark_settings, "cdcsync-bench")
     spark_start = time.perf_counter() - t0
     try:
-        t0 = time.perf_counter()
-        snapshot = PipelineRunner(pipeline, settings, available_now=True).run(spark)
-        total = time.perf_counter() - t0
+        for one in runs:
+            mirror(one, args, root, admin_dsn, bootstrap, registry_url, topics[one.name], load, spark)
     finally:
         spark.stop()
-    stats = snapshot.sources["orders"]
-    assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
-    streaming = stats.last_batch_done_at - stats.first_batch_at
-    changes_per_s = load.changes / streaming
 
     columns = list(load.columns)
     quoted = ", ".join(f'"{c}"' for c in columns)
-    with psycopg.connect(dsn) as conn:
-        rows = {r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders")}
-        assert rows == load.expected, "the mirror does not equal the expected final state"
+    for one in runs:
+        with psycopg.connect(one.dsn) as conn:
+            rows = {r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders")}
+        assert rows == load.expected, f"{one.name}: the mirror does not equal the expected final state"
+    with psycopg.connect(runs[0].dsn) as conn:
         buffer = io.BytesIO()
         with conn.cursor().copy("COPY app.orders TO STDOUT") as copy:
             for chunk in copy:
@@ -117,17 +156,106 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         conn.commit()
         copy_seconds = time.perf_counter() - t0
 
+    pg_columns = tuple((name, parse_pg_type(text)) for name, text in load.columns.items())
+    for one in runs:
+        spec = (
+            DecodeSpec("orders", pg_columns, workload.ORDERS_PRIMARY_KEY)
+            if one.name == "json"
+            else DecodeSpec(
+                "orders",
+                pg_columns,
+                workload.ORDERS_PRIMARY_KEY,
+                format="avro",
+                schema_registry=SchemaRegistryAccess(registry_url),
+            )
+        )
+        one.decode_cpu_s = decoder_seconds(one.events, spec, batch=10_000, repeat=1)
+
+    first = runs[0]
     print()
     print(machine_line())
     print(f"spark session start:            {spark_start:8.1f} s")
-    print(f"run --available-now (all):      {total:8.1f} s  ({stats.batches} micro-batches)")
-    print(f"first batch start -> catch-up:  {streaming:8.1f} s")
-    print(f"end-to-end throughput:          {changes_per_s:8,.0f} changes/s  ({load.changes:,} changes)")
-    print(f"                                {messages / streaming:8,.0f} messages/s ({messages:,} with tombstones)")
-    print(f"final rows:                     {len(rows):8,}")
-    print(f"plain COPY of the final rows:   {copy_seconds:8.2f} s  ({len(rows) / copy_seconds:,.0f} rows/s)")
-    print(f"pipeline time / COPY time:      {streaming / copy_seconds:8.1f} x")
-    print("mirror verified equal to the expected final state")
+    print(f"run --available-now (all):      {first.total_s:8.1f} s  ({first.batches} micro-batches)")
+    print(f"first batch start -> catch-up:  {first.streaming_s:8.1f} s")
+    rate = load.changes / first.streaming_s
+    print(f"end-to-end throughput:          {rate:8,.0f} changes/s  ({load.changes:,} changes)")
+    print(
+        f"                                {first.messages / first.streaming_s:8,.0f} messages/s "
+        f"({first.messages:,} with tombstones)"
+    )
+    print(f"final rows:                     {len(load.expected):8,}")
+    print(f"plain COPY of the final rows:   {copy_seconds:8.2f} s  ({len(load.expected) / copy_seconds:,.0f} rows/s)")
+    print(f"pipeline time / COPY time:      {first.streaming_s / copy_seconds:8.1f} x")
+    if len(runs) > 1:
+        print_side_by_side(runs, load.changes)
+    print("mirror verified equal to the expected final state" + (" in both formats" if len(runs) > 1 else ""))
+
+
+def mirror(
+    one: FormatRun,
+    args: argparse.Namespace,
+    root: Path,
+    admin_dsn: str,
+    bootstrap: str,
+    registry_url: str,
+    topic: str,
+    load: workload.Workload,
+    spark: Any,
+) -> None:
+    """Migrations into a fresh database, then the pipeline ``--available-now``, timed."""
+    import psycopg
+
+    from cdcsync.sql import migrations
+
+    one.dsn = fresh_database(admin_dsn, "bench")
+    source: dict[str, Any] = {
+        "type": "kafka",
+        "topic": topic,
+        "format": one.name,
+        "primary_key": "id",
+        "columns": dict(load.columns),
+    }
+    if args.max_offsets_per_trigger:
+        source["max_offsets_per_trigger"] = args.max_offsets_per_trigger
+    pipeline = validate_pipeline_dict(
+        {
+            "name": f"bench_{one.name}",
+            "sources": {"orders": source},
+            "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
+        }
+    )
+    settings = load_settings(
+        postgres__dsn=one.dsn,
+        kafka__bootstrap_servers=bootstrap,
+        schema_registry__url=registry_url or None,
+        state_dir=root / "state" / one.name,
+        migrations_dir=root / "migrations" / one.name,
+    )
+    migrations.init(pipeline, settings.migrations_dir)
+    with psycopg.connect(one.dsn) as conn:
+        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+    t0 = time.perf_counter()
+    snapshot = PipelineRunner(pipeline, settings, available_now=True).run(spark)
+    one.total_s = time.perf_counter() - t0
+    stats = snapshot.sources["orders"]
+    assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
+    one.streaming_s = stats.last_batch_done_at - stats.first_batch_at
+    one.batches = stats.batches
+    print(f"{one.name}: mirrored in {one.streaming_s:.1f}s ({one.batches} micro-batches)", flush=True)
+
+
+def print_side_by_side(runs: Sequence[FormatRun], changes: int) -> None:
+    print()
+    print(f"{'':34}" + "".join(f"{one.name:>14}" for one in runs))
+    lines = [
+        ("bytes per change", lambda one: f"{one.bytes_per_change:,.0f}"),
+        ("end-to-end changes/s", lambda one: f"{changes / one.streaming_s:,.0f}"),
+        ("first batch -> catch-up (s)", lambda one: f"{one.streaming_s:,.1f}"),
+        ("decode alone, 1 core (rows/s)", lambda one: f"{changes / one.decode_cpu_s:,.0f}"),
+        ("decode CPU per change (us)", lambda one: f"{one.decode_cpu_s / changes * 1e6:,.2f}"),
+    ]
+    for label, value in lines:
+        print(f"{label:34}" + "".join(f"{value(one):>14}" for one in runs))
 
 
 if __name__ == "__main__":

@@ -303,7 +303,8 @@ def dev_up(
         bool,
         typer.Option(
             "--with-debezium",
-            help="Also run Kafka Connect with the Debezium Postgres connector, capturing database cdcsync_source.",
+            help="Also run Kafka Connect with the Debezium Postgres connector, capturing database cdcsync_source "
+            "(JSON; Avro in the Confluent wire format with CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT=avro).",
         ),
     ] = False,
 ) -> None:

@@ -328,18 +328,22 @@ class DebeziumSource:
     dsn: str
     database: str
     name: str
+    schema_registry_url: str
+    """Where ``value_format="avro"`` registers its schemas (the session's registry)."""
     registered: bool = False
 
     def capture(
         self,
         *tables: str,
         overrides: dict[str, str] | None = None,
+        value_format: str = "json",
         wait_snapshot: bool = True,
         timeout_s: float = 90.0,
     ) -> None:
         """Register the connector for ``tables`` (``schema.table``; all of ``public`` when none) and wait until
         it runs and (``wait_snapshot``) its snapshot is in Kafka. Rows already there arrive first, as snapshot
-        reads (``op: r``)."""
+        reads (``op: r``). ``value_format="avro"``: keys and values in the Confluent Avro wire format, schemas in
+        the session's registry."""
         from cdcsync.devstack import debezium
 
         config = debezium.connector_config(
@@ -352,6 +356,8 @@ class DebeziumSource:
             user=self.connect.postgres_user,
             password=self.connect.postgres_password,
             tables=list(tables) or None,
+            value_format=value_format,
+            schema_registry_url=self.schema_registry_url,
             overrides=overrides,
         )
         debezium.put_connector(self.connect.url, self.name, config)
@@ -372,7 +378,9 @@ class DebeziumSource:
 
 
 @pytest.fixture()
-def debezium_source(services: Services, debezium_connect: DebeziumConnect) -> Iterator[DebeziumSource]:
+def debezium_source(
+    services: Services, debezium_connect: DebeziumConnect, schema_registry_url: str
+) -> Iterator[DebeziumSource]:
     """A fresh source database captured by a connector of its own; connector, slot and database go afterwards."""
     import psycopg
     from psycopg import sql
@@ -384,7 +392,9 @@ def debezium_source(services: Services, debezium_connect: DebeziumConnect) -> It
     with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         debezium.ensure_replication_role(conn, debezium_connect.postgres_user)
-    source = DebeziumSource(debezium_connect, make_conninfo(services.postgres_dsn, dbname=name), name, name)
+    source = DebeziumSource(
+        debezium_connect, make_conninfo(services.postgres_dsn, dbname=name), name, name, schema_registry_url
+    )
     try:
         yield source
     finally:

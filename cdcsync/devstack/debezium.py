@@ -13,8 +13,11 @@ a restarted worker resumes where it stopped. Standalone mode keeps connector con
 
 The default connector, ``cdcsync-source``, captures every table of schema ``public`` in the database
 ``cdcsync_source`` of the dev stack's Postgres (created on first start) with ``pgoutput``, publishing to
-``cdcsync_source.public.<table>``. Tests and differential checks register connectors of their own with
-:func:`connector_config` and :func:`put_connector`, and wait for them with :func:`wait_caught_up`.
+``cdcsync_source.public.<table>`` in JSON or (``devstack.debezium_format: avro``) in Avro: Apicurio's
+AvroConverter, from the same plugin directory, writing the Confluent wire format with its schemas registered in
+the dev stack's schema registry (see :func:`avro_converter_config`). Tests and differential checks register
+connectors of their own with :func:`connector_config` and :func:`put_connector`, and wait for them with
+:func:`wait_caught_up`.
 
 Catching up is decided with a watermark, not by sleeping: :func:`emit_watermark` writes a transactional logical
 decoding message (``pg_logical_emit_message``) into the source database's WAL, which pgoutput streams to Debezium
@@ -36,7 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cdcsync.devstack import postgres
+from cdcsync.devstack import postgres, schema_registry
 from cdcsync.devstack.common import (
     LOOPBACK,
     DevStackConfig,
@@ -58,7 +61,12 @@ DEFAULT_PUBLICATION = "cdcsync_source"
 WATERMARK_PREFIX = "cdcsync.watermark"
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
-VALUE_FORMATS = ("json",)
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+"""Apicurio's (``cdcsync.runtime.jars.APICURIO_CONVERTER_COORDINATES``), in the connector's plugin directory."""
+APICURIO_API_PATH = schema_registry.APICURIO_PREFIX
+SERVICE_MANIFESTS = {"org.apache.kafka.connect.storage.Converter": [AVRO_CONVERTER]}
+"""ServiceLoader entries the plugin's jars lack (see :func:`_write_manifest_jar`)."""
+VALUE_FORMATS = ("json", "avro")
 
 # Connect plus Debezium is a small workload: a modest heap, the serial collector and C1 only keep start-up and
 # CPU low on a shared two-core machine (throughput is bounded by Postgres and Kafka here, not by JIT quality).
@@ -164,6 +172,7 @@ def connector_config(
     schemas: list[str] | None = None,
     value_format: str = "json",
     schemas_enable: bool = True,
+    schema_registry_url: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """A Debezium Postgres connector config with the defaults cdcsync is tested against.
@@ -173,12 +182,18 @@ def connector_config(
     and ``schemas`` (default ``public``) decides which of them Debezium publishes. Decimals stay exact
     (``precise``, which needs schemas in the JSON to carry the scale), times follow the column precision
     (``adaptive``), a new slot starts with a snapshot (``initial``). ``overrides`` win over everything.
+
+    ``value_format="avro"`` writes keys and values with Apicurio's AvroConverter in the Confluent wire format,
+    registering schemas at ``schema_registry_url`` (a Confluent-compatible registry that also speaks Apicurio's v2
+    API, like the dev stack's; see :func:`avro_converter_config`); ``schemas_enable`` is then moot.
     """
     if value_format not in VALUE_FORMATS:
         raise ConfigError(
             f"Debezium value format {value_format!r} is not one of {', '.join(VALUE_FORMATS)}",
-            hint="use json (Avro needs Confluent's AvroConverter, which is not on Maven Central; see the README)",
+            hint="use json or avro",
         )
+    if value_format == "avro" and not schema_registry_url:
+        raise ConfigError("Debezium in Avro needs a schema registry URL", hint="pass schema_registry_url")
     config = {
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",
@@ -195,11 +210,19 @@ def connector_config(
         "decimal.handling.mode": "precise",
         "time.precision.mode": "adaptive",
         "tombstones.on.delete": "true",
-        "key.converter": JSON_CONVERTER,
-        "value.converter": JSON_CONVERTER,
-        "key.converter.schemas.enable": "true" if schemas_enable else "false",
-        "value.converter.schemas.enable": "true" if schemas_enable else "false",
     }
+    if value_format == "avro":
+        assert schema_registry_url is not None
+        config.update(avro_converter_config(schema_registry_url))
+    else:
+        config.update(
+            {
+                "key.converter": JSON_CONVERTER,
+                "value.converter": JSON_CONVERTER,
+                "key.converter.schemas.enable": "true" if schemas_enable else "false",
+                "value.converter.schemas.enable": "true" if schemas_enable else "false",
+            }
+        )
     if password is not None:
         config["database.password"] = password
     if tables:
@@ -207,6 +230,29 @@ def connector_config(
     else:
         config["schema.include.list"] = ",".join(_include_pattern(s) for s in schemas or ["public"])
     config.update(overrides or {})
+    return config
+
+
+def avro_converter_config(schema_registry_url: str) -> dict[str, str]:
+    """Key and value converters writing what Confluent's AvroConverter writes (magic byte 0, 4-byte schema id,
+    Avro body; subjects ``<topic>-key`` / ``<topic>-value``), with Apicurio's converter.
+
+    ``as-confluent`` makes the id 4 bytes after the magic byte, ``use-id=contentId`` makes it the id Apicurio's
+    ccompat API (and the dev registry, where it is also the Confluent id) serves at ``/schemas/ids/{id}``, and
+    ``headers.enabled=false`` keeps it in the body rather than in Kafka headers.
+    """
+    config: dict[str, str] = {}
+    for side in ("key", "value"):
+        prefix = f"{side}.converter"
+        config[prefix] = AVRO_CONVERTER
+        for option, value in (
+            ("url", schema_registry_url.rstrip("/") + APICURIO_API_PATH),
+            ("auto-register", "true"),
+            ("as-confluent", "true"),
+            ("use-id", "contentId"),
+            ("headers.enabled", "false"),
+        ):
+            config[f"{prefix}.apicurio.registry.{option}"] = value
     return config
 
 
@@ -224,6 +270,7 @@ def default_connector_config(cfg: DevStackConfig) -> dict[str, str]:
         port=cfg.postgres_port,
         value_format=cfg.debezium_format,
         schemas_enable=cfg.debezium_schemas_enable,
+        schema_registry_url=schema_registry.url(cfg),
     )
 
 
@@ -244,8 +291,24 @@ def _link_plugin(cfg: DevStackConfig, jars: list[Path]) -> None:
     scratch.mkdir(parents=True)
     for jar in jars:
         (scratch / jar.name).symlink_to(jar)
+    _write_manifest_jar(scratch / "cdcsync-plugin-manifests.jar", SERVICE_MANIFESTS)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(scratch, target)
+
+
+def _write_manifest_jar(path: Path, manifests: dict[str, list[str]]) -> None:
+    """A jar of ``META-INF/services`` files only, for plugins whose jars ship none.
+
+    The worker discovers plugins by ServiceLoader only (``plugin.discovery=service_load``, no slow classpath
+    scan); Apicurio's converter jar has no manifest, so this adds one, as Kafka's ``connect-plugin-path
+    sync-manifests`` tool would. Fixed timestamps keep the file identical from one start to the next.
+    """
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as jar:
+        for interface, classes in sorted(manifests.items()):
+            info = zipfile.ZipInfo(f"META-INF/services/{interface}", date_time=(2020, 1, 1, 0, 0, 0))
+            jar.writestr(info, "".join(f"{name}\n" for name in classes))
 
 
 def _write_configs(cfg: DevStackConfig) -> None:
@@ -275,7 +338,7 @@ def start(cfg: DevStackConfig) -> ServiceStatus:
     if cfg.debezium_format not in VALUE_FORMATS:
         raise ConfigError(
             f"devstack.debezium_format {cfg.debezium_format!r} is not one of {', '.join(VALUE_FORMATS)}",
-            hint="set CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT=json",
+            hint="set CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT to json or avro",
         )
     java = _java()
     from cdcsync.runtime.jars import KAFKA_CONNECT_MAIN_CLASS, debezium_postgres_plugin_jars, kafka_connect_jars

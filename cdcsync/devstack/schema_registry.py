@@ -13,6 +13,26 @@ Kafka Connect's ``AvroConverter``:
   (and ``.../schema``), ``DELETE /subjects/{subject}[/versions/{n}]`` (soft, then ``?permanent=true``);
 * ``GET|PUT|DELETE /config[/{subject}]`` and ``GET /mode``.
 
+It also answers the few calls of Apicurio Registry's v2 REST API that Apicurio's serdes make, and so Apicurio's
+Kafka Connect ``AvroConverter`` (on Maven Central, unlike Confluent's): the dev stack's Debezium publishes Avro
+through it, in the Confluent wire format (``apicurio.registry.as-confluent=true``), with
+``apicurio.registry.url`` set to ``<registry>/apis/registry/v2``. Apicurio's artifacts of group ``default`` are
+the Confluent subjects of the same name (its own ccompat mapping), and both its ``contentId`` and ``globalId`` of
+a schema are the Confluent schema id: one id space, so the schema a converter registers is the one a Confluent
+client fetches by the id in the message, whichever id the converter writes (``apicurio.registry.use-id``).
+
+* ``POST /apis/registry/v2/groups/default/artifacts`` (``X-Registry-ArtifactId`` header, ``?ifExists=FAIL|UPDATE|
+  RETURN|RETURN_OR_UPDATE``): register, as ``auto-register=true`` does; returns the version's metadata. A schema
+  the subject already has returns that version (``UPDATE`` too, where Apicurio would add an identical version);
+* ``GET .../groups/default/artifacts/{id}/meta`` (``find-latest=true``) and ``POST`` of a schema to the same path
+  (the version holding that content, for ``auto-register=false``);
+* ``GET /apis/registry/v2/ids/{contentIds|globalIds}/{id}`` (the schema text) and ``.../{id}/references``
+  (always empty), which Apicurio's deserializers fetch.
+
+Other groups, artifact references, explicit versions (``X-Registry-Version``, ignored), rules, search and the
+rest of Apicurio's API are not there. Errors on these paths are Apicurio's JSON (``error_code`` = HTTP status,
+``message``, exception ``name``).
+
 Behaviour that clients rely on is kept: ids are global, start at 1 and never change; the same schema registered
 under two subjects gets the same id (schemas are compared after parsing, so whitespace and JSON key order do not
 matter, while Avro field order does); registering a schema a subject already has returns its id without a new
@@ -41,6 +61,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -167,13 +188,15 @@ def stop(cfg: DevStackConfig) -> ServiceStatus:
 
 
 class RegistryError(Exception):
-    """An error answer in Confluent's shape: HTTP status, ``error_code`` and message."""
+    """An error answer: HTTP status, Confluent's ``error_code`` and message, and Apicurio's exception ``name``
+    (the same error is rendered in the shape of the API that was called)."""
 
-    def __init__(self, http_status: int, error_code: int, message: str) -> None:
+    def __init__(self, http_status: int, error_code: int, message: str, name: str = "") -> None:
         super().__init__(message)
         self.http_status = http_status
         self.error_code = error_code
         self.message = message
+        self.name = name
 
 
 class StateFileError(Exception):
@@ -454,6 +477,128 @@ def _validate(schema: str, schema_type: str, references: list[Any], store: Regis
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Apicurio Registry v2: the calls of its serdes (and so of its Kafka Connect converters), on the same store
+# --------------------------------------------------------------------------------------------------------------
+
+APICURIO_PREFIX = "/apis/registry/v2"
+APICURIO_GROUP = "default"
+"""The only group: its artifacts are the Confluent subjects of the same name (Apicurio's ccompat mapping)."""
+_IF_EXISTS = ("FAIL", "UPDATE", "RETURN", "RETURN_OR_UPDATE")
+_EXTENDED_CONTENT = "application/create.extended+json"
+
+
+def _apicurio_subject(group: str, artifact: str) -> str:
+    if group != APICURIO_GROUP:
+        raise RegistryError(
+            400,
+            400,
+            f"group '{group}': the cdcsync development registry keeps Apicurio artifacts in group "
+            f"'{APICURIO_GROUP}' only (each is the Confluent subject of its name); do not set "
+            "apicurio.registry.artifact.group-id",
+            name="BadRequestException",
+        )
+    return artifact
+
+
+def _version_meta(store: RegistryStore, subject: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Apicurio's VersionMetaData. ``globalId`` and ``contentId`` are both the Confluent schema id, so whichever
+    one a serializer writes (``apicurio.registry.use-id``), a Confluent deserializer finds the schema by it."""
+    return {
+        "groupId": APICURIO_GROUP,
+        "id": subject,
+        "version": str(entry["version"]),
+        "type": store.schemas[entry["id"]]["schemaType"],
+        "globalId": entry["id"],
+        "contentId": entry["id"],
+        "state": "ENABLED",
+    }
+
+
+def _apicurio_create(handler: _Handler, args: _Args, query: dict[str, str]) -> Any:
+    """``POST groups/{g}/artifacts``: what a serializer calls with ``apicurio.registry.auto-register=true``."""
+    store = handler.store
+    subject = _apicurio_subject(args[0], handler.headers.get("X-Registry-ArtifactId") or str(uuid.uuid4()))
+    if_exists = query.get("ifExists", "FAIL").upper()
+    if if_exists not in _IF_EXISTS:
+        raise RegistryError(400, 400, f"ifExists '{if_exists}' is not one of {', '.join(_IF_EXISTS)}")
+    schema_type = (handler.headers.get("X-Registry-ArtifactType") or "AVRO").upper()
+    content = handler.raw_body().decode("utf-8", errors="replace")
+    if (handler.headers.get("Content-Type") or "").startswith(_EXTENDED_CONTENT):
+        try:
+            extended = json.loads(content)
+            content, references = extended["content"], extended.get("references") or []
+        except (ValueError, TypeError, KeyError):
+            raise RegistryError(400, 400, 'the extended create body must be {"content": ...}') from None
+        if references:
+            raise RegistryError(400, 400, "artifact references are not supported by the cdcsync development registry")
+    existing = store.versions(subject)
+    if existing and if_exists == "FAIL":
+        raise RegistryError(
+            409,
+            409,
+            f"An artifact with ID '{subject}' in group '{APICURIO_GROUP}' already exists.",
+            name="ArtifactAlreadyExistsException",
+        )
+    if existing and if_exists == "RETURN":
+        return {**_version_meta(store, subject, existing[-1]), "references": []}
+    try:
+        schema_id = store.register(subject, {"schema": content, "schemaType": schema_type})
+    except RegistryError as error:  # Confluent's 422 for a bad schema is Apicurio's 400 (invalid content)
+        raise RegistryError(400, 400, error.message, name="InvalidArtifactException") from None
+    entry = next(e for e in reversed(store.versions(subject)) if e["id"] == schema_id)
+    return {**_version_meta(store, subject, entry), "references": []}
+
+
+def _apicurio_latest_meta(handler: _Handler, args: _Args, query: dict[str, str]) -> Any:
+    """``GET groups/{g}/artifacts/{a}/meta``: with ``apicurio.registry.find-latest=true``."""
+    subject = _apicurio_subject(*args)
+    entries = handler.store.versions(subject)
+    if not entries:
+        raise _artifact_not_found(subject)
+    return {**_version_meta(handler.store, subject, entries[-1]), "references": []}
+
+
+def _apicurio_meta_by_content(handler: _Handler, args: _Args, query: dict[str, str]) -> Any:
+    """``POST groups/{g}/artifacts/{a}/meta``: with ``apicurio.registry.auto-register=false``."""
+    subject = _apicurio_subject(*args)
+    store = handler.store
+    if not store.versions(subject):
+        raise _artifact_not_found(subject)
+    body = {"schema": handler.raw_body().decode("utf-8", errors="replace"), "schemaType": "AVRO"}
+    schema_id = store.by_canonical.get(_canonical(*_schema_from_body(body)))
+    for entry in reversed(store.versions(subject)):
+        if entry["id"] == schema_id:
+            return _version_meta(store, subject, entry)
+    raise RegistryError(
+        404, 404, f"No version of artifact '{subject}' has this content.", name="VersionNotFoundException"
+    )
+
+
+def _apicurio_content(handler: _Handler, args: _Args, query: dict[str, str]) -> Any:
+    """``GET ids/{globalIds|contentIds}/{id}``: what a deserializer fetches (both are the Confluent id here)."""
+    try:
+        return _RawJson(handler.store.schema(_schema_id(args[1]))["schema"])
+    except RegistryError:
+        raise RegistryError(
+            404, 404, f"No content with ID '{args[1]}' was found.", name="ContentNotFoundException"
+        ) from None
+
+
+def _apicurio_references(handler: _Handler, args: _Args, query: dict[str, str]) -> Any:
+    _apicurio_content(handler, args, query)
+    return []
+
+
+def _artifact_not_found(subject: str) -> RegistryError:
+    return RegistryError(
+        404,
+        404,
+        f"No artifact with ID '{subject}' in group '{APICURIO_GROUP}' was found.",
+        name="ArtifactNotFoundException",
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
 # HTTP
 # --------------------------------------------------------------------------------------------------------------
 
@@ -591,6 +736,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], _Route]] = [
     ("DELETE", re.compile(rf"/config(?:/{_SEGMENT})?"), _delete_config),
     ("GET", re.compile(r"/mode"), lambda h, m, q: {"mode": "READWRITE"}),
     ("POST", re.compile(rf"/compatibility/subjects/{_SEGMENT}/versions(?:/{_SEGMENT})?"), _compatibility),
+    ("POST", re.compile(rf"{APICURIO_PREFIX}/groups/{_SEGMENT}/artifacts"), _apicurio_create),
+    ("GET", re.compile(rf"{APICURIO_PREFIX}/groups/{_SEGMENT}/artifacts/{_SEGMENT}/meta"), _apicurio_latest_meta),
+    ("POST", re.compile(rf"{APICURIO_PREFIX}/groups/{_SEGMENT}/artifacts/{_SEGMENT}/meta"), _apicurio_meta_by_content),
+    ("GET", re.compile(rf"{APICURIO_PREFIX}/ids/(globalIds|contentIds)/{_SEGMENT}"), _apicurio_content),
+    ("GET", re.compile(rf"{APICURIO_PREFIX}/ids/(globalIds|contentIds)/{_SEGMENT}/references"), _apicurio_references),
 ]
 
 
@@ -612,10 +762,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def json_body(self) -> dict[str, Any]:
+    def raw_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         self._body_read = True
+        return raw
+
+    def json_body(self) -> dict[str, Any]:
+        raw = self.raw_body()
         try:
             body = json.loads(raw or b"null")
         except ValueError as exc:
@@ -640,23 +794,33 @@ class _Handler(BaseHTTPRequestHandler):
                     args = tuple("" if g is None else unquote(g) for g in match.groups())
                     with self.store.lock:
                         result = route(self, args, query)
-                    self._send(200, result)
+                    apicurio = path.startswith(APICURIO_PREFIX + "/")
+                    self._send(200, result, content_type="application/json" if apicurio else CONTENT_TYPE)
                     return
             if allowed:
                 raise RegistryError(405, 405, "HTTP 405 Method Not Allowed")
             raise RegistryError(404, 404, "HTTP 404 Not Found")
         except RegistryError as error:
-            self._send(error.http_status, {"error_code": error.error_code, "message": error.message})
+            self._send_error(path, error)
         except Exception as error:  # a bug must answer 500, not drop the connection
-            self._send(500, {"error_code": 50001, "message": f"Error in the backend data store: {error}"})
+            self._send_error(path, RegistryError(500, 50001, f"Error in the backend data store: {error}"))
 
-    def _send(self, code: int, payload: Any) -> None:
+    def _send_error(self, path: str, error: RegistryError) -> None:
+        """Confluent's error JSON, or Apicurio's (``error_code`` is the HTTP status there) on its API."""
+        if path.startswith(APICURIO_PREFIX + "/"):
+            name = error.name or ("NotFoundException" if error.http_status == 404 else "RegistryException")
+            payload = {"error_code": error.http_status, "message": error.message, "name": name}
+            self._send(error.http_status, payload, content_type="application/json")
+        else:
+            self._send(error.http_status, {"error_code": error.error_code, "message": error.message})
+
+    def _send(self, code: int, payload: Any, content_type: str = CONTENT_TYPE) -> None:
         if not self._body_read and self.headers.get("Content-Length"):
             self.rfile.read(int(self.headers["Content-Length"]))  # drain, so keep-alive stays in step
         text = payload if isinstance(payload, _RawJson) else json.dumps(payload, ensure_ascii=False)
         data = text.encode()
         self.send_response(code)
-        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

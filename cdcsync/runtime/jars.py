@@ -39,6 +39,12 @@ KAFKA_CONNECT_MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 # worker as tested upstream. 3.6.x is built against Kafka 4.3 and would need a newer worker.
 DEBEZIUM_VERSION = "3.5.0.Final"
 DEBEZIUM_POSTGRES_COORDINATES = [f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}"]
+# Avro for the dev stack's Debezium: Confluent's AvroConverter is not on Maven Central, Apicurio's is, and writes
+# the Confluent wire format against the dev registry's Apicurio v2 subset (cdcsync.devstack.schema_registry).
+# 2.6.x is the last line with the v2 REST client and `as-confluent`; it goes into the connector's own plugin
+# directory, as Debezium's container images put it.
+APICURIO_VERSION = "2.6.13.Final"
+APICURIO_CONVERTER_COORDINATES = [f"io.apicurio:apicurio-registry-utils-converter:{APICURIO_VERSION}"]
 # What the Connect worker already provides (Connect's API, the Kafka client, slf4j, Jackson) or what only the
 # client needs: kept out of the plugin directory so the plugin sees the worker's copies. Jackson matters: with
 # a second copy in the plugin, Debezium's converters cannot call the worker's JsonConverter (JsonNode differs).
@@ -110,16 +116,22 @@ def kafka_connect_jars(cache_dir: Path | None = None, *, resolver: MavenResolver
 def debezium_postgres_plugin_jars(
     cache_dir: Path | None = None, *, resolver: MavenResolver | None = None
 ) -> list[Path]:
-    """The Debezium Postgres connector and its own dependencies: one plugin directory's worth of jars."""
+    """The Debezium Postgres connector, Apicurio's Avro converter and their own dependencies, resolved together
+    (one version of each library): one plugin directory's worth of jars."""
     resolver = resolver or MavenResolver(cache_dir)
-    return resolver.resolve(DEBEZIUM_POSTGRES_COORDINATES, DEBEZIUM_PLUGIN_EXCLUSIONS)
+    return resolver.resolve(
+        [*DEBEZIUM_POSTGRES_COORDINATES, *APICURIO_CONVERTER_COORDINATES], DEBEZIUM_PLUGIN_EXCLUSIONS
+    )
 
 
 def prefetch(*, with_debezium: bool = False) -> None:
     """Resolve every jar cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
     wanted = [("spark kafka connector", spark_kafka_jars), ("kafka broker", kafka_broker_jars)]
     if with_debezium:
-        wanted += [("kafka connect", kafka_connect_jars), ("debezium postgres", debezium_postgres_plugin_jars)]
+        wanted += [
+            ("kafka connect", kafka_connect_jars),
+            ("debezium postgres + apicurio converter", debezium_postgres_plugin_jars),
+        ]
     for name, resolve in wanted:
         print(f"{name}: {len(resolve())} jar(s) cached")
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,3 +129,31 @@ def ledger_batches(dsn: str, pipeline: str) -> dict[str, list[int]]:
     for sink, batch_id in rows:
         batches.setdefault(sink, []).append(batch_id)
     return batches
+
+
+def assert_each_batch_once(dsn: str, pipeline: str, sinks: Iterable[str]) -> dict[str, list[int]]:
+    """The batch ledger holds batches 0..n-1 of every sink, each once: nothing replayed twice, nothing skipped."""
+    batches = ledger_batches(dsn, pipeline)
+    assert set(batches) == set(sinks)
+    for sink, ids in batches.items():
+        assert ids == list(range(len(ids))), f"sink {sink}: ledger batch ids {ids} are not 0..n-1, each once"
+    return batches
+
+
+def sigkill_mid_stream(
+    project: Project, dsn: str, pipeline: str, *, after_batches: int, timeout_s: float = 300.0
+) -> dict[str, list[int]]:
+    """Start ``cdcsync run --available-now`` (the real CLI), let the ledger reach ``after_batches`` batches, wait a
+    random moment more (so the kill may land anywhere in the next batch: decoding, merging, committing), then
+    SIGKILL the CLI and its JVM together. Returns the ledger as the kill left it."""
+    process = project.start("run", str(project.pipeline_file), "--available-now")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if sum(len(ids) for ids in ledger_batches(dsn, pipeline).values()) >= after_batches:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be killed; make the workload larger"
+    time.sleep(random.uniform(0.0, 2.0))
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    return ledger_batches(dsn, pipeline)

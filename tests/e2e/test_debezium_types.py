@@ -1,7 +1,8 @@
-"""The differential test of issue 3 for JSON: a source table with a column of every type Debezium's Postgres
+"""The differential test of issue 3, in JSON and Avro: a source table with a column of every type Debezium's Postgres
 connector maps to a logical type (NULLs included) gets a seeded random workload (a snapshot, inserts, updates,
 primary-key changes, updates that leave a large TOASTed column untouched, deletes and one truncate); the real
-connector publishes it, ``cdcsync run --available-now`` mirrors it, and the mirror must equal the source.
+connector publishes it (JsonConverter, or Apicurio's AvroConverter writing the Confluent wire format against the
+dev stack's registry), ``cdcsync run --available-now`` mirrors it, and the mirror must equal the source.
 
 The comparison is ``EXCEPT`` both ways in the source database: the mirror's rows, rendered as text by the mirror's
 Postgres, are copied into a temporary table next to the source, whose rows are rendered by the same expressions.
@@ -18,9 +19,10 @@ The casts, and why each is needed (each is a loss on Debezium's side, documented
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -30,7 +32,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import DebeziumSource
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import Project, assert_each_batch_once, sigkill_mid_stream
 
 TABLE = "everything"
 
@@ -240,17 +242,17 @@ def differences(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> tuple[l
     return missing, extra
 
 
-def placeholders_seen(bootstrap: str, topic: str) -> set[str]:
-    """Which columns carried Debezium's unavailable-value placeholder in the topic: proof the test exercised them."""
-    from confluent_kafka import Consumer, TopicPartition
+def changed_rows(bootstrap: str, topic: str, registry_url: str | None) -> Iterator[dict[str, Any]]:
+    """The ``after`` row of every change in the topic, read back from JSON or (``registry_url``) Avro."""
+    import io
 
+    import fastavro
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    registry = SchemaRegistryClient({"url": registry_url}) if registry_url else None
+    writers: dict[int, Any] = {}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"types-{uuid.uuid4().hex[:8]}"})
-    forms = {
-        "body": b'"body":"__debezium_unavailable_value"',
-        "big_tags": b'"big_tags":["__debezium_unavailable_value"]',
-        "big_ints": b'"big_ints":[' + ",".join(str(b) for b in b"__debezium").encode(),
-    }
-    seen: set[str] = set()
     try:
         end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
         consumer.assign([TopicPartition(topic, 0, 0)])
@@ -259,9 +261,34 @@ def placeholders_seen(bootstrap: str, topic: str) -> set[str]:
             message = consumer.poll(10)
             assert message is not None and message.error() is None, "the topic could not be read back"
             position = message.offset() + 1
-            seen |= {name for name, form in forms.items() if form in (message.value() or b"")}
+            raw = message.value()
+            if not raw:
+                continue
+            if registry is None:
+                value = json.loads(raw)
+                value = value.get("payload", value) if "schema" in value else value
+            else:
+                schema_id = int.from_bytes(raw[1:5], "big")
+                if schema_id not in writers:
+                    writers[schema_id] = fastavro.parse_schema(json.loads(registry.get_schema(schema_id).schema_str))
+                value = fastavro.schemaless_reader(io.BytesIO(raw[5:]), writers[schema_id], None)
+            if value.get("after"):
+                yield value["after"]
     finally:
         consumer.close()
+
+
+def placeholders_seen(bootstrap: str, topic: str, registry_url: str | None = None) -> set[str]:
+    """Which columns carried Debezium's unavailable-value placeholder in the topic: proof the test exercised them."""
+    marker = "__debezium_unavailable_value"
+    forms: dict[str, Callable[[Any], bool]] = {
+        "body": lambda value: value == marker,
+        "big_tags": lambda value: value == [marker],
+        "big_ints": lambda value: value == list(marker.encode()),
+    }
+    seen: set[str] = set()
+    for row in changed_rows(bootstrap, topic, registry_url):
+        seen |= {name for name, matches in forms.items() if matches(row.get(name))}
     return seen
 
 
@@ -280,29 +307,67 @@ def describe(missing: list[Any], extra: list[Any]) -> str:
 
 
 @pytest.mark.parametrize(
-    "modes",
+    ("value_format", "modes"),
     [
-        pytest.param({}, id="precise-adaptive"),
-        pytest.param({"decimal.handling.mode": "string", "time.precision.mode": "connect"}, id="string-connect"),
+        pytest.param("json", {}, id="json-precise-adaptive"),
+        pytest.param(
+            "json", {"decimal.handling.mode": "string", "time.precision.mode": "connect"}, id="json-string-connect"
+        ),
         pytest.param(  # bare payloads: the declared precision and time_precision_mode say the units
+            "json",
             {
                 "decimal.handling.mode": "string",
                 "key.converter.schemas.enable": "false",
                 "value.converter.schemas.enable": "false",
             },
-            id="bare-string-adaptive",
+            id="json-bare-string-adaptive",
         ),
+        # Avro: Debezium's own logical types (adaptive) and Avro's date, time-millis, timestamp-millis and decimal
+        # (connect); decimals precise in both, the one mode whose Avro form (bytes + scale) differs from JSON's.
+        pytest.param("avro", {}, id="avro-precise-adaptive"),
+        pytest.param("avro", {"time.precision.mode": "connect"}, id="avro-precise-connect"),
     ],
 )
 def test_every_debezium_type_mirrors_the_source(
     make_project: Callable[[dict[str, Any]], Project],
     postgres_dsn: str,
     kafka_bootstrap: str,
+    schema_registry_url: str,
     debezium_source: DebeziumSource,
+    value_format: str,
     modes: dict[str, str],
 ) -> None:
-    source = debezium_source
     connect_mode = modes.get("time.precision.mode") == "connect"
+    publish_workload(debezium_source, value_format, modes, kafka_bootstrap, schema_registry_url)
+    project = types_project(make_project, debezium_source, value_format, modes, schema_registry_url)
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode)
+
+
+def test_sigkill_mid_stream_then_restart_mirrors_the_source(
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
+    kafka_bootstrap: str,
+    schema_registry_url: str,
+    debezium_source: DebeziumSource,
+) -> None:
+    """The same workload (JSON; about 450 messages), mirrored in micro-batches of 150 by the real CLI, which is
+    SIGKILLed at a random moment after the first batch and restarted: the mirror still equals the source, and
+    the ledger holds each batch once."""
+    publish_workload(debezium_source, "json", {}, kafka_bootstrap, schema_registry_url)
+    project = types_project(make_project, debezium_source, "json", {}, schema_registry_url, max_offsets_per_trigger=150)
+    killed_at = sigkill_mid_stream(project, postgres_dsn, "types", after_batches=1)
+    project.cdcsync("run", str(project.pipeline_file), "--available-now")
+    assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode=False)
+    batches = assert_each_batch_once(postgres_dsn, "types", ["mirror"])
+    assert len(batches["mirror"]) > len(killed_at.get("mirror", [])), "the kill came after the stream was drained"
+
+
+def publish_workload(
+    source: DebeziumSource, value_format: str, modes: dict[str, str], bootstrap: str, registry_url: str
+) -> None:
+    """The table of every type, its seeded workload around the connector's start, and the edge cases for
+    certain; returns once all of it is in Kafka, checking that the TOAST placeholders were exercised."""
     ddl = sql.SQL(", ").join(
         sql.SQL("{} " + ddl_type).format(sql.Identifier(n)) for n, (ddl_type, _) in COLUMNS.items()
     )
@@ -311,7 +376,7 @@ def test_every_debezium_type_mirrors_the_source(
         conn.execute(sql.SQL("CREATE TABLE public.{} ({}, PRIMARY KEY (id))").format(sql.Identifier(TABLE), ddl))
     workload = Workload(source.dsn, seed=31)
     workload.run(8)  # published as snapshot reads
-    source.capture(f"public.{TABLE}", overrides={"skipped.operations": "none", **modes})
+    source.capture(f"public.{TABLE}", overrides={"skipped.operations": "none", **modes}, value_format=value_format)
     workload.run(60)
     workload.truncate()
     workload.run(60)
@@ -323,8 +388,19 @@ def test_every_debezium_type_mirrors_the_source(
         conn.execute(sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE)), (big, key))
         conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
     source.wait_caught_up()
-    assert placeholders_seen(kafka_bootstrap, source.topic(f"public.{TABLE}")) == {"body", "big_tags", "big_ints"}
+    registry = registry_url if value_format == "avro" else None
+    assert placeholders_seen(bootstrap, source.topic(f"public.{TABLE}"), registry) == {"body", "big_tags", "big_ints"}
 
+
+def types_project(
+    make_project: Callable[[dict[str, Any]], Project],
+    source: DebeziumSource,
+    value_format: str,
+    modes: dict[str, str],
+    registry_url: str,
+    **source_extra: Any,
+) -> Project:
+    """The mirror pipeline of the table, its migrations applied."""
     project = make_project(
         {
             "name": "types",
@@ -332,20 +408,25 @@ def test_every_debezium_type_mirrors_the_source(
                 TABLE: {
                     "type": "kafka",
                     "topic": source.topic(f"public.{TABLE}"),
-                    "format": "json",
+                    "format": value_format,
                     "primary_key": "id",
                     "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
                     "on_decode_error": "fail",
                     "time_precision_mode": modes.get("time.precision.mode", "adaptive"),
+                    **source_extra,
                 }
             },
             "sinks": {"mirror": {"type": "postgres", "from": TABLE, "schema": "app", "table": TABLE}},
         }
     )
+    project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = registry_url
     project.prepare()
-    project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    missing, extra = differences(source.dsn, postgres_dsn, connect_mode)
+    return project
+
+
+def assert_mirror_equals_source(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> None:
+    missing, extra = differences(source_dsn, mirror_dsn, connect_mode)
     assert not missing and not extra, describe(missing, extra)
-    with psycopg.connect(source.dsn) as conn:
+    with psycopg.connect(source_dsn) as conn:
         count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE))).fetchone()
     assert count is not None and count[0] > 10

@@ -5,8 +5,6 @@ The workload generator knows the state the source table ends in; the mirrors mus
 
 from __future__ import annotations
 
-import os
-import random
 import signal
 import time
 from collections.abc import Callable
@@ -15,9 +13,17 @@ from typing import Any
 import psycopg
 
 from cdcsync.devstack import workload
-from tests.e2e.conftest import Project, ledger_batches, mirror_rows, orders_pipeline
+from tests.e2e.conftest import (
+    Project,
+    assert_each_batch_once,
+    ledger_batches,
+    mirror_rows,
+    orders_pipeline,
+    sigkill_mid_stream,
+)
 
 COLUMNS = list(workload.ORDERS_COLUMNS)
+SINKS = ("mirror", "audit")
 
 
 def assert_hard_mirror_equals(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
@@ -34,14 +40,6 @@ def assert_soft_mirror_matches(dsn: str, expected: dict[int, dict[str, Any]]) ->
     live = {key: {c: row[c] for c in COLUMNS} for key, row in rows.items() if not row["_cdc_deleted"]}
     assert live == expected
     assert all(row["_cdc_deleted"] for key, row in rows.items() if key not in expected)
-
-
-def assert_each_batch_once(dsn: str) -> dict[str, list[int]]:
-    batches = ledger_batches(dsn, "e2e")
-    assert set(batches) == {"mirror", "audit"}
-    for sink, ids in batches.items():
-        assert ids == list(range(len(ids))), f"sink {sink}: ledger batch ids {ids} are not 0..n-1, each once"
-    return batches
 
 
 def test_changes_dead_letters_and_stale_replays(
@@ -66,7 +64,7 @@ def test_changes_dead_letters_and_stale_replays(
     assert len(dead) == len(malformed)
     assert {bytes(row[1]) for row in dead} == {event.value for event in malformed}
     assert all(row[2] for row in dead)
-    batches_before = assert_each_batch_once(postgres_dsn)
+    batches_before = assert_each_batch_once(postgres_dsn, "e2e", SINKS)
     assert len(batches_before["mirror"]) >= 4  # 55k messages in batches of 15k
 
     # Older versions of keys re-sent after the newer ones: the mirrors must not move.
@@ -74,7 +72,7 @@ def test_changes_dead_letters_and_stale_replays(
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_hard_mirror_equals(postgres_dsn, load.expected)
     assert_soft_mirror_matches(postgres_dsn, load.expected)
-    batches_after = assert_each_batch_once(postgres_dsn)
+    batches_after = assert_each_batch_once(postgres_dsn, "e2e", SINKS)
     assert len(batches_after["mirror"]) > len(batches_before["mirror"])
 
     status = project.cdcsync("status", str(project.pipeline_file)).stdout
@@ -92,23 +90,13 @@ def test_sigkill_mid_stream_then_restart(
     project = make_project(orders_pipeline(topic_name, max_offsets_per_trigger=4_000))
     project.prepare()
 
-    process = project.start("run", str(project.pipeline_file), "--available-now")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if sum(len(ids) for ids in ledger_batches(postgres_dsn, "e2e").values()) >= 3:
-            break
-        time.sleep(0.2)
-    assert process.poll() is None, "the run ended before it could be killed; make the workload larger"
-    time.sleep(random.uniform(0.0, 2.0))
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-    killed_at = ledger_batches(postgres_dsn, "e2e")
+    killed_at = sigkill_mid_stream(project, postgres_dsn, "e2e", after_batches=3)
     assert sum(len(ids) for ids in killed_at.values()) < 2 * 14, "the kill came after the stream was drained"
 
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_hard_mirror_equals(postgres_dsn, load.expected)
     assert_soft_mirror_matches(postgres_dsn, load.expected)
-    batches = assert_each_batch_once(postgres_dsn)
+    batches = assert_each_batch_once(postgres_dsn, "e2e", SINKS)
     assert len(batches["mirror"]) >= len(killed_at.get("mirror", []))
 
 
@@ -127,7 +115,7 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(
     process.send_signal(signal.SIGTERM)
     _stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr[-3000:]
-    assert_each_batch_once(postgres_dsn)
+    assert_each_batch_once(postgres_dsn, "e2e", SINKS)
 
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_hard_mirror_equals(postgres_dsn, load.expected)

@@ -321,6 +321,74 @@ def test_a_second_start_is_a_no_op_and_a_busy_port_is_reported(standin: DevStack
     assert schema_registry.status(standin).pid == before.pid
 
 
+def apicurio(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str, Any]:
+    """(status, content type, JSON or text body) of one raw request to the stand-in's Apicurio v2 API."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, content_type, raw = response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        status, content_type, raw = error.code, error.headers["Content-Type"], error.read()
+    return status, content_type, json.loads(raw)
+
+
+def test_apicurio_v2_subset_shares_the_confluent_id_space(standin: DevStackConfig) -> None:
+    """What Apicurio's serdes (Debezium's Avro converter in the dev stack) call: registered there, found by the
+    Confluent client under the same id, and the other way round."""
+    url = schema_registry.url(standin)
+    api = f"{url}/apis/registry/v2"
+    schema = json.dumps({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]})
+    create = {"X-Registry-ArtifactId": "shop.public.k-key", "X-Registry-ArtifactType": "AVRO"}
+    create["Content-Type"] = "application/json"
+    status, content_type, meta = apicurio(
+        "POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", schema.encode(), create
+    )
+    assert status == 200 and content_type == "application/json"
+    assert meta["id"] == "shop.public.k-key" and meta["version"] == "1" and meta["type"] == "AVRO"
+    schema_id = meta["contentId"]
+    assert meta["globalId"] == schema_id
+    assert json.loads(client(url).get_schema(schema_id).schema_str) == json.loads(schema)
+    assert client(url).get_versions("shop.public.k-key") == [1]
+
+    # the same content again (reformatted): the same version; the same schema through Confluent: the same id
+    spaced = json.dumps(json.loads(schema), indent=2).encode()
+    again = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", spaced, create)[2]
+    assert (again["contentId"], again["version"]) == (schema_id, "1")
+    assert client(url).register_schema("other-value", avro_schema("K", [{"name": "id", "type": "long"}])) != 0
+    confluent_id = client(url).register_schema("shop.public.k-key", client(url).get_schema(schema_id))
+    assert confluent_id == schema_id
+    assert apicurio("GET", f"{api}/ids/contentIds/{schema_id}")[2] == json.loads(schema)
+    assert apicurio("GET", f"{api}/ids/globalIds/{schema_id}/references")[2] == []
+
+    # find-latest and lookup by content
+    latest = apicurio("GET", f"{api}/groups/default/artifacts/shop.public.k-key/meta")[2]
+    assert (latest["contentId"], latest["version"]) == (schema_id, "1")
+    found = apicurio("POST", f"{api}/groups/default/artifacts/shop.public.k-key/meta", spaced)[2]
+    assert found["globalId"] == schema_id
+
+    # a new schema is a new version; FAIL refuses an existing artifact; RETURN gives the latest without writing
+    fields = [{"name": "id", "type": "long"}, {"name": "n", "type": ["null", "int"], "default": None}]
+    evolved = json.dumps({"type": "record", "name": "K", "fields": fields}).encode()
+    second = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", evolved, create)[2]
+    assert second["version"] == "2" and second["contentId"] not in (schema_id, 0)
+    status, _, error = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=FAIL", evolved, create)
+    assert (status, error["error_code"], error["name"]) == (409, 409, "ArtifactAlreadyExistsException")
+    assert apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN", schema.encode(), create)[2] == second
+
+    # errors in Apicurio's shape, naming what is wrong
+    status, content_type, error = apicurio("GET", f"{api}/groups/default/artifacts/missing/meta")
+    assert (status, error["name"]) == (404, "ArtifactNotFoundException") and content_type == "application/json"
+    status, _, error = apicurio("GET", f"{api}/ids/contentIds/987654")
+    assert (status, error["error_code"]) == (404, 404)
+    status, _, error = apicurio("POST", f"{api}/groups/mine/artifacts", schema.encode(), create)
+    assert status == 400 and "group 'mine'" in error["message"]
+    fresh = {**create, "X-Registry-ArtifactId": "fresh-value"}
+    status, _, error = apicurio("POST", f"{api}/groups/default/artifacts", b'{"type": "nope"}', fresh)
+    assert (status, error["name"]) == (400, "InvalidArtifactException")
+
+
 # ---- decoding against the registry -------------------------------------------------------------------------------
 
 
@@ -354,6 +422,31 @@ def test_avro_serializer_output_is_decoded(schema_registry_url: str, topic: str)
         assert (created["_cdc_op"], created["_cdc_version"]) == ("c", 77)
         assert created["_cdc_ts"] == datetime(2024, 1, 1, tzinfo=UTC)
         assert (deleted["id"], deleted["_cdc_op"], deleted["amount"]) == (5, "d", None)
+
+
+def test_the_workload_in_avro_decodes_to_the_rows_of_the_workload_in_json(standin: DevStackConfig) -> None:
+    """What the upsert benchmark's ``--format avro`` produces: the same changes, the same decoded rows."""
+    from cdcsync.devstack import workload
+
+    url = schema_registry.url(standin)
+    load = workload.generate(300, 60, seed=4, wrapped=False)
+    avro_events = workload.to_avro(load.events, *workload.register_avro_schemas(url, "bench.public.orders"))
+    assert all(e.value is None or e.value[0] == 0 for e in avro_events)
+    columns = tuple((name, parse_pg_type(text)) for name, text in workload.ORDERS_COLUMNS.items())
+    rows = {}
+    for fmt, events in (("json", load.events), ("avro", avro_events)):
+        registry = SchemaRegistryAccess(url) if fmt == "avro" else None
+        spec = DecodeSpec("orders", columns, ("id",), format=fmt, schema_registry=registry)
+        decoded = [
+            row for out in decode_batches(iter([workload.to_kafka_batch(events)]), spec) for row in out.to_pylist()
+        ]
+        assert all(row["_dlq_reason"] is None for row in decoded)
+        # Partitions and offsets follow the key bytes, which differ between the formats: compare the rest.
+        rows[fmt] = sorted(
+            ({k: v for k, v in row.items() if k not in ("_cdc_partition", "_cdc_offset")} for row in decoded),
+            key=lambda row: row["_cdc_version"],
+        )
+    assert len(rows["avro"]) == load.changes and rows["avro"] == rows["json"]
 
 
 def test_two_writer_schemas_in_one_batch(schema_registry_url: str, topic: str) -> None:

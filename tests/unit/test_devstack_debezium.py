@@ -40,10 +40,50 @@ def test_connector_config_all_tables_overrides_and_formats() -> None:
     assert config["schema.include.list"] == "public"
     assert config["value.converter.schemas.enable"] == "false"
     assert config["snapshot.mode"] == "no_data"
-    with pytest.raises(ConfigError, match="avro"):
+    with pytest.raises(ConfigError, match="schema registry"):
         debezium.connector_config(
             database="d", topic_prefix="p", slot_name="s", publication_name="p", port=1, value_format="avro"
         )
+    with pytest.raises(ConfigError, match="protobuf"):
+        debezium.connector_config(
+            database="d", topic_prefix="p", slot_name="s", publication_name="p", port=1, value_format="protobuf"
+        )
+
+
+def test_avro_connector_config_writes_the_confluent_wire_format_through_apicurio() -> None:
+    config = debezium.connector_config(
+        database="d",
+        topic_prefix="p",
+        slot_name="s",
+        publication_name="p",
+        port=1,
+        value_format="avro",
+        schema_registry_url="http://127.0.0.1:18081/",
+        overrides={"decimal.handling.mode": "string"},
+    )
+    for side in ("key", "value"):
+        assert config[f"{side}.converter"] == "io.apicurio.registry.utils.converter.AvroConverter"
+        assert config[f"{side}.converter.apicurio.registry.url"] == "http://127.0.0.1:18081/apis/registry/v2"
+        assert config[f"{side}.converter.apicurio.registry.as-confluent"] == "true"
+        assert config[f"{side}.converter.apicurio.registry.use-id"] == "contentId"
+        assert config[f"{side}.converter.apicurio.registry.auto-register"] == "true"
+        assert config[f"{side}.converter.apicurio.registry.headers.enabled"] == "false"
+        assert f"{side}.converter.schemas.enable" not in config
+    assert config["decimal.handling.mode"] == "string"
+
+
+def test_plugin_directory_gets_the_converter_manifest(tmp_path: Path) -> None:
+    import zipfile
+
+    jar = tmp_path / "a.jar"
+    jar.write_bytes(b"")
+    cfg = DevStackConfig(state_dir=tmp_path)
+    debezium._link_plugin(cfg, [jar])
+    plugin = debezium.plugin_dir(cfg) / "debezium-connector-postgres"
+    assert (plugin / "a.jar").resolve() == jar.resolve()
+    with zipfile.ZipFile(plugin / "cdcsync-plugin-manifests.jar") as manifests:
+        text = manifests.read("META-INF/services/org.apache.kafka.connect.storage.Converter").decode()
+    assert text.splitlines() == ["io.apicurio.registry.utils.converter.AvroConverter"]
 
 
 def test_worker_properties_and_default_connector(tmp_path: Path) -> None:
