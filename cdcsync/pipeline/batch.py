@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
+from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER
+from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, schema_change_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -61,7 +62,7 @@ class StageTask:
         try:
             decoded = list(self.decode(batches))
         except RuntimeError as error:
-            if DECODE_FAILURE_MARKER not in str(error):
+            if DECODE_FAILURE_MARKER not in str(error) and SCHEMA_CHANGE_MARKER not in str(error):
                 raise
             # on_decode_error: fail. Reported as data, not raised: a failed task makes Spark kill the other
             # tasks' Python workers, whose tracebacks would end up on the user's terminal.
@@ -87,6 +88,7 @@ def land_batch(
     checkpoint_id: str,
     decode: DecodeTask,
     sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
     outcome: dict[str, SinkOutcome] = {}
@@ -104,6 +106,9 @@ def land_batch(
     except Exception as error:  # Spark wraps executor failures; see executor_error
         raise executor_error(error, f"staging batch {batch_id}") from None
     failures = [row["failure"] for row in counts if row["failure"]]
+    changes = [failure for failure in failures if failure.startswith(SCHEMA_CHANGE_MARKER)]
+    if changes:  # the source's schema gained a column (or retyped one); nothing is merged
+        raise schema_change_error(changes[0], pipeline_file)
     if failures:  # a message could not be decoded under on_decode_error: fail; nothing is merged
         raise executor_error(RuntimeError(failures[0]), f"staging batch {batch_id}")
     staged = dict.fromkeys(range(len(pending)), 0)
