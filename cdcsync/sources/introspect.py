@@ -16,6 +16,7 @@ ones go last. Only ``init`` (and ``run`` under ``schema_evolution: auto``, from 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,8 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
 def _from_topic(topic: str, settings: Settings, timeout_s: float) -> SourceSchema | str:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+    if not _any_reachable(settings.bootstrap_servers, min(timeout_s, 3.0)):
+        return f"Kafka at {settings.bootstrap_servers} cannot be reached"
     config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka.options}
     config.update({"group.id": "cdcsync-init", "enable.auto.commit": False, "log_level": 0})
     try:
@@ -155,6 +158,19 @@ def _from_topic(topic: str, settings: Settings, timeout_s: float) -> SourceSchem
     finally:
         consumer.close()
     return _schema_of_messages(topic, messages)
+
+
+def _any_reachable(bootstrap_servers: str, timeout_s: float) -> bool:
+    """Whether any bootstrap server accepts a TCP connection: librdkafka would wait out its whole timeout for a
+    refused one, and ``init`` should fall back to declared columns at once."""
+    for address in bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _schema_of_messages(topic: str, messages: list[Any]) -> SourceSchema | str:
