@@ -113,6 +113,13 @@ class KafkaSource(_Model):
     def column_types(self) -> dict[str, PgType]:
         return {name: parse_pg_type(type_text) for name, type_text in self.columns.items()}
 
+    def adds_nothing(self, schema: SourceSchema) -> bool:
+        """True when the declaration already says all ``schema`` says (every column, the key): the declared
+        columns stand as they are then, and nothing is recorded, so fully declared pipelines keep the migrations
+        they always had."""
+        names = {name for name, _ in (*schema.columns, *schema.unmapped)}
+        return names <= set(self.columns) and (self.primary_key is not None or not schema.primary_key)
+
     def with_schema(self, schema: SourceSchema) -> KafkaSource:
         """This source with the columns of ``schema`` (in its order), declared types winning, declared columns
         the schema lacks after them; the key defaults to the schema's message key."""
@@ -516,7 +523,7 @@ def _complete_sources(
     for source_id, source in list(sources.items()):
         where = _path("sources", source_id, "columns")
         found = schema_for(pipeline_name, source_id, source) if schema_for and pipeline_name else None
-        if isinstance(found, SourceSchema):
+        if isinstance(found, SourceSchema) and not source.adds_nothing(found):
             used[source_id] = found
             sources[source_id] = source.with_schema(found)
             for name, why in found.unmapped:

@@ -356,6 +356,17 @@ def test_a_schema_change_without_a_postgres_table_is_still_recorded(tmp_path: Pa
     assert migrations.parse_migration(second.text).body.strip().startswith("-- nothing to change in Postgres")
 
 
+def test_a_schema_that_adds_nothing_to_the_declaration_is_not_recorded(tmp_path: Path) -> None:
+    declared = {"id": "bigint", "amount": "numeric(14,2)", "mood": "text"}
+    raw = raw_pipeline(columns=declared, primary_key="id")
+    [first] = migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: SCHEMA), tmp_path).written
+    assert "sources" not in first.state
+    assert [c["type"] for c in first.state["sinks"]["mirror"]["columns"]] == ["bigint", "numeric(14,2)", "text"]
+    grown = SourceSchema((*SCHEMA.columns, ("note", "json")), ("id",))
+    [second] = migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: grown), tmp_path).written
+    assert second.state["sources"]["orders"]["columns"][-1] == {"name": "note", "type": "json"}
+
+
 def test_declared_only_sources_keep_the_state_they_always_had(tmp_path: Path) -> None:
     [first] = migrations.init(
         validate_pipeline_dict(raw_pipeline(columns={"id": "bigint"}, primary_key="id")), tmp_path
