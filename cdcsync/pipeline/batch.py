@@ -64,8 +64,8 @@ class StageTask:
         except RuntimeError as error:
             if DECODE_FAILURE_MARKER not in str(error) and SCHEMA_CHANGE_MARKER not in str(error):
                 raise
-            # on_decode_error: fail. Reported as data, not raised: a failed task makes Spark kill the other
-            # tasks' Python workers, whose tracebacks would end up on the user's terminal.
+            # on_decode_error: fail, or a schema change. Reported as data, not raised: a failed task makes Spark
+            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal.
             yield pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "failure": [str(error)]}, schema=schema)
             return
         table = pa.Table.from_batches(decoded) if decoded else None

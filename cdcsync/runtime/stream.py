@@ -205,7 +205,9 @@ class BatchHandler:
                 clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
             self.pipeline = load_pipeline(self.pipeline.path, recorded)
         self.source = self.pipeline.sources[self.source_id]
-        self.spec = _decode_spec(self.pipeline, self.source_id, self.schema_registry)
+        before, self.spec = self.spec, _decode_spec(self.pipeline, self.source_id, self.schema_registry)
+        if self.spec.columns == before.columns:  # nothing was added: landing again would stop the same way
+            raise change.add_context("schema_evolution: auto added no column")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         log.warning(
             "source '%s': schema_evolution auto: topic %s gained column(s) %s at partition %d, offset %d; "
