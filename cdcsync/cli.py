@@ -96,8 +96,11 @@ def _settings(migrations_dir: Path | None = None) -> Settings:
     return load_settings(migrations_dir=migrations_dir, state_dir=_state.get("state_dir"))
 
 
-def _pipeline(path: Path) -> Pipeline:
-    return load_pipeline(path)
+def _pipeline(path: Path, settings: Settings) -> Pipeline:
+    """The pipeline, its sources' columns completed from what the migrations recorded (no registry, no Kafka)."""
+    from cdcsync.sql.migrations import recorded_lookup
+
+    return load_pipeline(path, recorded_lookup(settings.migrations_dir))
 
 
 # ------------------------------------------------------------------------------------------------ validate
@@ -105,9 +108,10 @@ def _pipeline(path: Path) -> Pipeline:
 
 @app.command()
 @handles_errors
-def validate(pipeline_file: PipelineArg) -> None:
-    """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid)."""
-    pipeline = _pipeline(pipeline_file)
+def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
+    """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid). Offline: columns
+    come from the file and from what `cdcsync init` recorded in the migrations."""
+    pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
     out.print(
         f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.sources)} source(s), "
         f"{len(pipeline.sinks)} sink(s)",
@@ -121,11 +125,18 @@ def validate(pipeline_file: PipelineArg) -> None:
 @app.command()
 @handles_errors
 def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
-    """Render the pipeline's DDL into the next numbered migration file(s) for review."""
+    """Read each source's columns from its topic's schema (schema registry for Avro, the newest messages for JSON;
+    declared `columns:` override them) and render the DDL into the next numbered migration file(s) for review."""
+    from cdcsync.sources.introspect import init_lookup
     from cdcsync.sql import clickhouse_migrations, migrations
 
     settings = _settings(migrations_dir)
-    pipeline = _pipeline(pipeline_file)
+    notes: list[str] = []
+    try:
+        pipeline = load_pipeline(pipeline_file, init_lookup(settings, settings.migrations_dir, notes))
+    finally:
+        for note in notes:
+            err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     result = migrations.init(pipeline, settings.migrations_dir)
     out.print(result.summary(), highlight=False)
     clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
@@ -148,7 +159,7 @@ def migrate(
     from cdcsync.sql import clickhouse_migrations, migrations
 
     settings = _settings(migrations_dir)
-    pipeline = _pipeline(pipeline_file)
+    pipeline = _pipeline(pipeline_file, settings)
     clickhouse = connect_from_settings(settings) if pipeline.clickhouse_sinks() else None
     with _connect(settings) as conn:
         if status:
@@ -207,7 +218,7 @@ def run(
     from cdcsync.sql import migrations
 
     settings = _settings(migrations_dir)
-    pipeline = _pipeline(pipeline_file)
+    pipeline = _pipeline(pipeline_file, settings)
     with _connect(settings) as conn:
         migrations.check_ready(
             conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
@@ -251,7 +262,7 @@ def status(pipeline_file: PipelineArg) -> None:
     from cdcsync.runtime.status import pipeline_status
 
     settings = _settings()
-    pipeline = _pipeline(pipeline_file)
+    pipeline = _pipeline(pipeline_file, settings)
     report = pipeline_status(pipeline, settings)
     lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
     for row in report.partitions:

@@ -97,3 +97,61 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, CdcsyncError) and error.user_error:
         return EXIT_INVALID_INPUT
     return EXIT_RUNTIME_FAILURE
+
+
+class SchemaChangeError(UserError):
+    """A source's topic schema gained a column its pipeline lacks, or changed a recorded column's type: ``run``
+    stops before the batch is committed (exit 2), so it is replayed once the migration is applied.
+
+    ``fields`` is every column of the new schema with its type (None: the type maps to nothing, ``why`` says
+    so), ``added`` the new ones and ``changed`` (name, recorded type, new type) the retyped ones."""
+
+    def __init__(
+        self,
+        *,
+        source_id: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        fields: list[tuple[str, str | None, str | None]],
+        added: list[str],
+        changed: list[tuple[str, str, str]],
+        pipeline_file: str = "PIPELINE.yaml",
+    ) -> None:
+        self.source_id, self.topic, self.partition, self.offset = source_id, topic, partition, offset
+        self.fields, self.added, self.changed = fields, added, changed
+        types = {name: (type_text, why) for name, type_text, why in fields}
+        self.unmapped = [name for name in added if types.get(name, (None, None))[0] is None]
+        parts = []
+        if added:
+            shown = [
+                f'"{name}" {types[name][0]}' if name not in self.unmapped else f'"{name}" ({types[name][1]})'
+                for name in added
+            ]
+            parts.append(f"new column(s) {', '.join(shown)}")
+        parts += [f'column "{name}" changed type from {old} to {new}' for name, old, new in changed]
+        message = f"the schema of topic {topic} changed at partition {partition}, offset {offset}: {'; '.join(parts)}"
+        yaml = pipeline_file
+        if changed:
+            hint = (
+                "cdcsync does not change column types itself: alter the target tables with a migration written by "
+                f"hand (ALTER TABLE … ALTER COLUMN … TYPE …), declare the new type under sources.{source_id}.columns, "
+                f"and run `cdcsync init {yaml}` for the state line that migration needs"
+            )
+        elif self.unmapped:
+            hint = (
+                f"declare the type of {', '.join(repr(n) for n in self.unmapped)} under sources.{source_id}.columns, "
+                f"then run `cdcsync init {yaml}` and `cdcsync migrate {yaml}`, and run again"
+            )
+        else:
+            hint = (
+                f"run `cdcsync init {yaml}` (it writes the next migration, adding the column(s) to every table fed by "
+                f"source '{source_id}'), review it, `cdcsync migrate {yaml}`, then run again: this batch was not "
+                "committed and is replayed, nothing is lost. Or set schema_evolution: auto on the source"
+            )
+        super().__init__(message, hint=hint)
+
+    @property
+    def additive(self) -> bool:
+        """Only new columns, each with a type: what ``schema_evolution: auto`` applies by itself."""
+        return bool(self.added) and not self.changed and not self.unmapped

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +42,31 @@ POSTGRES_MAX_IDENTIFIER = 63
 _PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
+@dataclass(frozen=True)
+class SourceSchema:
+    """A source's columns as its topic's schema types them: read by ``cdcsync init`` (schema registry or the
+    newest JsonConverter message) and recorded in the migrations' state, where ``validate`` and ``run`` find them
+    without asking the registry or Kafka. Declared ``columns:`` override these types (see
+    :meth:`KafkaSource.with_schema`)."""
+
+    columns: tuple[tuple[str, str], ...]
+    """(name, canonical Postgres type), in the schema's order."""
+    primary_key: tuple[str, ...] | None = None
+    """The fields of the message key's schema, the default ``primary_key``."""
+    unmapped: tuple[tuple[str, str], ...] = ()
+    """(name, why) of columns whose schema type maps to no Postgres type: they must be declared."""
+    origin: str = ""
+    """Where the schema was read (for messages)."""
+
+
+NO_COLUMNS = (
+    "not declared, and no migration records them: run `cdcsync init` (it reads them from the schema registry or "
+    "the topic), or declare them"
+)
+SchemaLookup = Callable[[str, str, "KafkaSource"], "SourceSchema | str | None"]
+"""(pipeline name, source id, source) -> its schema, or why there is none (shown when it declares no columns)."""
+
+
 class KafkaSource(_Model):
     """A Debezium changelog topic."""
 
@@ -49,7 +75,12 @@ class KafkaSource(_Model):
     format: Literal["json", "avro"] = "json"
     """``avro``: the Confluent wire format, writer schemas fetched by id from the schema registry."""
     primary_key: list[str] | None = None
-    columns: dict[str, str] = Field(min_length=1)
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Name -> Postgres type. Optional once ``cdcsync init`` has read the topic's schema; given, they override
+    the types read from it (and add columns it lacks)."""
+    schema_evolution: Literal["stop", "auto"] = "stop"
+    """What ``run`` does when the topic's schema gains a column: ``stop`` (exit 2: run ``cdcsync init`` and
+    ``cdcsync migrate``) or ``auto`` (write and apply that migration itself, then carry on)."""
     on_decode_error: Literal["dlq", "fail"] = "dlq"
     time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
     """The connector's ``time.precision.mode``, for integer times and timestamps in JSON without schemas (with
@@ -73,6 +104,22 @@ class KafkaSource(_Model):
 
     def column_types(self) -> dict[str, PgType]:
         return {name: parse_pg_type(type_text) for name, type_text in self.columns.items()}
+
+    def adds_nothing(self, schema: SourceSchema) -> bool:
+        """True when the declaration already says all ``schema`` says (every column, the key): the declared
+        columns stand as they are then, and nothing is recorded, so fully declared pipelines keep the migrations
+        they always had."""
+        names = {name for name, _ in (*schema.columns, *schema.unmapped)}
+        return names <= set(self.columns) and (self.primary_key is not None or not schema.primary_key)
+
+    def with_schema(self, schema: SourceSchema) -> KafkaSource:
+        """This source with the columns of ``schema`` (in its order), declared types winning, declared columns
+        the schema lacks after them; the key defaults to the schema's message key."""
+        columns = {name: self.columns.get(name, type_text) for name, type_text in schema.columns}
+        for name, type_text in self.columns.items():
+            columns.setdefault(name, type_text)
+        primary_key = self.primary_key or (list(schema.primary_key) if schema.primary_key else None)
+        return self.model_copy(update={"columns": columns, "primary_key": primary_key})
 
 
 class PostgresSink(_Model):
@@ -240,6 +287,9 @@ class Pipeline(_Model):
     def root_of(self, node_id: str) -> str:
         """The source whose micro-batches feed ``node_id`` (a source, or a SQL transform)."""
         return self.plan.source_of_node.get(node_id, node_id)
+
+    source_schemas: dict[str, SourceSchema] = Field(default_factory=dict, exclude=True)
+    """The schemas the sources' columns were completed from (recorded by ``init``), by source id."""
 
     def source_of(self, sink: SinkModel) -> KafkaSource:
         """The source whose micro-batches feed ``sink``, through any transforms (the runtime groups sinks by it)."""
@@ -524,8 +574,33 @@ def _plan(
     return plan, _Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
 
 
-def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
-    """Validate a parsed YAML document; raise ConfigError with every problem found."""
+def _complete_sources(
+    pipeline_name: str | None,
+    sources: dict[str, KafkaSource],
+    schema_for: SchemaLookup | None,
+    problems: list[str],
+) -> dict[str, SourceSchema]:
+    """Complete each source's columns from its schema (``schema_for``), in place; the schemas used."""
+    used: dict[str, SourceSchema] = {}
+    for source_id, source in list(sources.items()):
+        where = _path("sources", source_id, "columns")
+        found = schema_for(pipeline_name, source_id, source) if schema_for and pipeline_name else None
+        if isinstance(found, SourceSchema) and not source.adds_nothing(found):
+            used[source_id] = found
+            sources[source_id] = source.with_schema(found)
+            for name, why in found.unmapped:
+                if name not in source.columns:
+                    problems.append(f"{where}.{name}: {why}; declare its type here")
+        if not sources[source_id].columns:
+            problems.append(f"{where}: {found if isinstance(found, str) else NO_COLUMNS}")
+    return used
+
+
+def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: SchemaLookup | None = None) -> Pipeline:
+    """Validate a parsed YAML document; raise ConfigError with every problem found.
+
+    ``schema_for`` supplies each source's schema: what ``init`` reads from the registry or topic, or what the
+    migrations recorded (``validate``, ``run``). Without it only declared ``columns:`` count."""
     where = str(path) if path else "pipeline"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: the pipeline file must be a YAML mapping with name, sources and sinks")
@@ -578,6 +653,8 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
     declared = {
         str(k) for section in ("sources", "transforms") if isinstance(raw.get(section), dict) for k in raw[section]
     }
+    valid_name = name if isinstance(name, str) and _PIPELINE_NAME_RE.match(name) else None
+    source_schemas = _complete_sources(valid_name, sources, schema_for, problems)
     for source_id, source in sources.items():
         _check_source(source_id, source, problems)
     for transform_id, transform in transforms.items():
@@ -604,11 +681,19 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None) -> Pipeline:
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
-    return Pipeline(name=name, sources=sources, transforms=transforms, sinks=sinks, path=path, plan=plan)
+    return Pipeline(
+        name=name,
+        sources=sources,
+        transforms=transforms,
+        sinks=sinks,
+        path=path,
+        plan=plan,
+        source_schemas=source_schemas,
+    )
 
 
-def load_pipeline(path: Path) -> Pipeline:
-    """Read and validate a pipeline file."""
+def load_pipeline(path: Path, schema_for: SchemaLookup | None = None) -> Pipeline:
+    """Read and validate a pipeline file (``schema_for``: see :func:`validate_pipeline_dict`)."""
     import yaml
 
     try:
@@ -624,4 +709,4 @@ def load_pipeline(path: Path) -> Pipeline:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
-    return validate_pipeline_dict(raw, path)
+    return validate_pipeline_dict(raw, path, schema_for)

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
+from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER
+from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, schema_change_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,10 +71,10 @@ class StageTask:
         try:
             decoded = list(self.decode(batches))
         except RuntimeError as error:
-            if DECODE_FAILURE_MARKER not in str(error):
+            if not reported_as_data(error):
                 raise
-            # on_decode_error: fail. Reported as data, not raised: a failed task makes Spark kill the other
-            # tasks' Python workers, whose tracebacks would end up on the user's terminal.
+            # on_decode_error: fail, or a schema change. Reported as data, not raised: a failed task makes Spark
+            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal.
             yield _counts_batch([], failure=str(error))
             return
         yield _stage_all(self.writers, decoded)
@@ -105,15 +106,28 @@ def pending_sinks(
     return keys, pending, {sink_id: SinkOutcome(skipped=True) for sink_id in sinks.keys() - pending.keys()}
 
 
-def stage(rows: DataFrame, task: StageTask | StageRowsTask, batch_id: int) -> list[int]:
+def reported_as_data(error: RuntimeError) -> bool:
+    """Whether a task reports ``error`` as a row (the driver raises it) rather than failing."""
+    return DECODE_FAILURE_MARKER in str(error) or SCHEMA_CHANGE_MARKER in str(error)
+
+
+def raise_reported(failures: list[str], doing: str, pipeline_file: str) -> None:
+    """Raise what tasks reported: a schema change first (the user's to resolve), else an undecodable message.
+    Either way nothing of the batch is merged."""
+    changes = [failure for failure in failures if failure.startswith(SCHEMA_CHANGE_MARKER)]
+    if changes:
+        raise schema_change_error(changes[0], pipeline_file)
+    if failures:
+        raise executor_error(RuntimeError(failures[0]), doing)
+
+
+def stage(rows: DataFrame, task: StageTask | StageRowsTask, batch_id: int, pipeline_file: str) -> list[int]:
     """Run one staging pass over ``rows``; rows staged per writer of ``task``, in order."""
     try:
         counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
         raise executor_error(error, f"staging batch {batch_id}") from None
-    failures = [row["failure"] for row in counts if row["failure"]]
-    if failures:  # a message could not be decoded under on_decode_error: fail; nothing is merged
-        raise executor_error(RuntimeError(failures[0]), f"staging batch {batch_id}")
+    raise_reported([row["failure"] for row in counts if row["failure"]], f"staging batch {batch_id}", pipeline_file)
     staged = [0] * len(task.writers)
     for row in counts:
         staged[row["sink"]] += row["rows"]
@@ -146,6 +160,7 @@ def land_batch(
     checkpoint_id: str,
     decode: DecodeTask,
     sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
@@ -155,7 +170,7 @@ def land_batch(
     task = StageTask(
         decode=decode, writers=tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
     )
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id), strict=True))
+    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(pending, keys, staged))
     log.info(

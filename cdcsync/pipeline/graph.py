@@ -30,10 +30,12 @@ from cdcsync.pipeline.batch import (
     StageRowsTask,
     merge_all,
     pending_sinks,
+    raise_reported,
+    reported_as_data,
     stage,
     writer_for,
 )
-from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
+from cdcsync.runtime.executor_errors import executor_error
 from cdcsync.sources.debezium import output_arrow_schema, output_spark_schema
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
 from cdcsync.transforms.dynamic_tables import DynamicTable
@@ -101,14 +103,14 @@ class DecodeRowsTask:
             for batch in self.decode(batches):
                 yield batch.append_column(_FAILURE, pa.nulls(batch.num_rows, pa.string()))
         except RuntimeError as error:
-            if DECODE_FAILURE_MARKER not in str(error):
+            if not reported_as_data(error):
                 raise
             # As in StageTask: a failure travels as data, so no Python worker is killed mid-task.
             row = {name: [None] for name in self.schema.names} | {_FAILURE: [str(error)]}
             yield pa.RecordBatch.from_pydict(row, schema=self.schema)
 
 
-def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int) -> DataFrame:
+def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> DataFrame:
     """The batch's changes, decoded once and cached; the caller unpersists it."""
     import pyarrow as pa
     from pyspark import StorageLevel
@@ -126,7 +128,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int) -> DataFrame:
         raise executor_error(error, f"decoding batch {batch_id}") from None
     if failures:
         decoded.unpersist()
-        raise executor_error(RuntimeError(failures[0][0]), f"decoding batch {batch_id}")
+        raise_reported([row[0] for row in failures], f"decoding batch {batch_id}", pipeline_file)
     return decoded
 
 
@@ -166,6 +168,7 @@ def land_graph_batch(
     decode: DecodeTask,
     graph: SourceGraph,
     sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch through the source's transforms and dynamic tables; see the module doc."""
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
@@ -173,7 +176,7 @@ def land_graph_batch(
         return outcome
     started = time.monotonic()
     spark = raw.sparkSession  # the query's own session: its temp views are invisible to other queries
-    decoded = _decode(raw, decode, batch_id)
+    decoded = _decode(raw, decode, batch_id, pipeline_file)
     try:
         _register_views(spark, graph, decoded.drop(_FAILURE), checkpoint_id, batch_id)
         for table_id, table in graph.tables.items():
@@ -185,7 +188,9 @@ def land_graph_batch(
             by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
         for node, sink_ids in by_node.items():
             task = StageRowsTask(tuple(writer_for(pending[s], batch_id, checkpoint_id) for s in sink_ids))
-            staged.update(zip(sink_ids, stage(spark.table(input_view(node)), task, batch_id), strict=True))
+            staged.update(
+                zip(sink_ids, stage(spark.table(input_view(node)), task, batch_id, pipeline_file), strict=True)
+            )
         staged_at = time.monotonic()
         outcome.update(merge_all(pending, keys, staged))
         for table_id, table in graph.tables.items():

@@ -17,6 +17,7 @@ Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline
 from cdcsync.config.settings import Settings
-from cdcsync.errors import CdcsyncError, ServiceError
-from cdcsync.pipeline.batch import BatchSink, land_batch
+from cdcsync.errors import CdcsyncError, SchemaChangeError, ServiceError
+from cdcsync.pipeline.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.pipeline.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.dbretry import with_retries
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+_MAX_EVOLUTIONS_PER_BATCH = 20
+"""Schema changes one batch may go through under ``schema_evolution: auto`` (each adds columns)."""
+_EVOLVE_LOCK = threading.Lock()
+"""Sources evolving at once write numbered migration files one after the other."""
 
 
 class StopRequested(Exception):
@@ -101,16 +106,19 @@ class BatchHandler:
         checkpoint_dir: Path,
         spark_context: SparkContext,
         schema_registry: SchemaRegistryAccess | None = None,
-        graph: SourceGraph | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.pipeline = pipeline
-        self.graph = graph
-        """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.source_id = source_id
         self.source = source
         self.sinks = sinks
         self.checkpoint_dir = checkpoint_dir
-        self.spec = DecodeSpec.from_source(source_id, source, schema_registry)
+        self.schema_registry = schema_registry
+        self.settings = settings
+        """Needed by ``schema_evolution: auto`` (migrations directory, connections)."""
+        self.spec = _decode_spec(pipeline, source_id, schema_registry)
+        self.graph = build_graph(pipeline, source_id, dsn)
+        """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.spark_context = spark_context
         self.stats = SourceStats()
@@ -157,6 +165,69 @@ class BatchHandler:
             self._checkpoint_id = str(metadata["id"])
         return self._checkpoint_id
 
+    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask) -> dict[str, SinkOutcome]:
+        pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
+        if self.graph is None:
+            land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file)
+        else:
+            land = functools.partial(
+                land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks, pipeline_file
+            )
+        return with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
+
+    def _evolve(self, change: SchemaChangeError, batch_id: int) -> None:
+        """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns (so
+        a later ``init`` writes nothing and the next ``run`` finds nothing pending), apply it, and carry on with
+        the pipeline as a restarted ``run`` would load it. The batch is then landed again, new columns and all."""
+        assert self.settings is not None
+        import psycopg
+
+        from cdcsync.config.pipeline import SourceSchema, load_pipeline
+        from cdcsync.sources.introspect import merge
+        from cdcsync.sql import clickhouse_migrations, migrations
+
+        if self.pipeline.path is None:
+            raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
+        migrations_dir = self.settings.migrations_dir
+        seen = SourceSchema(
+            columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
+            origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
+        )
+        evolved = merge(self.pipeline.source_schemas.get(self.source_id), seen)
+        recorded = migrations.recorded_lookup(migrations_dir)
+
+        def with_evolved(pipeline_name: str, source_id: str, source: KafkaSource) -> Any:
+            return evolved if source_id == self.source_id else recorded(pipeline_name, source_id, source)
+
+        with _EVOLVE_LOCK:
+            wanted = load_pipeline(self.pipeline.path, with_evolved)
+            written = [*migrations.init(wanted, migrations_dir), *clickhouse_migrations.init(wanted, migrations_dir)]
+            with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
+                migrations.apply_pending(conn, wanted.name, migrations_dir)
+            if wanted.clickhouse_sinks():
+                from cdcsync.sinks.clickhouse import connect_from_settings
+
+                client = connect_from_settings(self.settings)
+                clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
+            self.pipeline = load_pipeline(self.pipeline.path, recorded)
+        self.source = self.pipeline.sources[self.source_id]
+        before, self.spec = self.spec, _decode_spec(self.pipeline, self.source_id, self.schema_registry)
+        if self.spec.columns == before.columns:  # nothing was added: landing again would stop the same way
+            raise change.add_context("schema_evolution: auto added no column")
+        self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
+        self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
+        log.warning(
+            "source '%s': schema_evolution auto: topic %s gained column(s) %s at partition %d, offset %d; "
+            "wrote and applied %s; landing batch %d again",
+            self.source_id,
+            change.topic,
+            ", ".join(change.added),
+            change.partition,
+            change.offset,
+            ", ".join(str(path) for path in written) or "no migration (already written)",
+            batch_id,
+        )
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
@@ -166,13 +237,18 @@ class BatchHandler:
             dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
             dead_letter_count=dead_letters,
         )
-        if self.graph is None:
-            land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks)
-        else:
-            land = functools.partial(
-                land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks
-            )
-        outcome = with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
+        evolutions = 0
+        while True:
+            try:
+                outcome = self._land(raw, batch_id, decode)
+                break
+            except SchemaChangeError as change:
+                evolutions += 1
+                auto = self.source.schema_evolution == "auto" and self.settings is not None
+                if not (auto and change.additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
+                    raise
+                self._evolve(change, batch_id)
+                decode = dataclasses.replace(decode, spec=self.spec)
         for sink_id, result in outcome.items():
             stats = self.sink_stats[sink_id]
             stats.batches += 1
@@ -235,26 +311,16 @@ class PipelineRunner:
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-        sinks: dict[str, BatchSink] = {}
-        fed = self.pipeline.sinks_of(source_id)
-        for sink_id, sink in fed.items():
-            if isinstance(sink, ClickHouseSink):
-                dsn, url = self.settings.postgres_dsn, self.settings.clickhouse_url
-                sinks[sink_id] = ClickHouseTableSink(self.pipeline, sink_id, sink, dsn, url)
-            else:
-                sinks[sink_id] = PostgresUpsertSink(self.pipeline, sink_id, sink, self.settings.postgres_dsn)
         handler = BatchHandler(
             self.pipeline,
             source_id,
             source,
-            sinks,
+            build_sinks(self.pipeline, source_id, self.settings),
             self.settings.postgres_dsn,
             checkpoint_dir,
             spark.sparkContext,
             schema_registry=SchemaRegistryAccess.from_settings(self.settings),
-            graph=SourceGraph.of(
-                self.pipeline, source_id, {sid: s.from_ for sid, s in fed.items()}, self.settings.postgres_dsn
-            ),
+            settings=self.settings,
         )
         self.handlers[source_id] = handler
 
@@ -319,6 +385,33 @@ class PipelineRunner:
             if error is not None and "StopRequested" not in str(error):
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
+
+
+def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:
+    """Driver side of every sink fed by ``source_id``."""
+    sinks: dict[str, BatchSink] = {}
+    for sink_id, sink in pipeline.sinks_of(source_id).items():
+        if isinstance(sink, ClickHouseSink):
+            sinks[sink_id] = ClickHouseTableSink(
+                pipeline, sink_id, sink, settings.postgres_dsn, settings.clickhouse_url
+            )
+        else:
+            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
+    return sinks
+
+
+def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
+    """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
+    sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
+    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
+
+
+def _decode_spec(pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None) -> DecodeSpec:
+    """The source's decode spec, with the schema types ``init`` recorded (to notice a type change)."""
+    schema = pipeline.source_schemas.get(source_id)
+    return DecodeSpec.from_source(
+        source_id, pipeline.sources[source_id], schema_registry, schema.columns if schema is not None else ()
+    )
 
 
 def _lag(source_progress: dict[str, Any]) -> dict[str, int]:

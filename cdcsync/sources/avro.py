@@ -66,6 +66,7 @@ from cdcsync.sources.debezium import (
     _Reparse,
     _scale_int,
     _show,
+    schema_change_of,
 )
 
 if TYPE_CHECKING:
@@ -776,6 +777,7 @@ class AvroPlan(_Plan):
             ) from None
         self._values: dict[int, _Reader | str] = {}
         self._keys: dict[int, _Reader | str] = {}
+        self._changes: dict[int, str | None] = {}
         self.begin_task()
 
     def begin_task(self) -> None:
@@ -840,6 +842,10 @@ class AvroPlan(_Plan):
         assert reader is not None
         if type(payload) is not dict:
             return f"value is an Avro {_AVRO_KINDS.get(type(payload), 'value')}, not a Debezium envelope record"
+        if self.spec.detect_schema_changes:
+            change = self._writer_schema_change(reader.writer)
+            if change is not None:
+                return change
         row = payload.get("before" if payload.get("op") == "d" else "after")
         if type(row) is dict:
             reason = reader.translate(row)
@@ -849,6 +855,15 @@ class AvroPlan(_Plan):
             return self._decode_payload(payload, None, raw, key_raw)
         except _Reparse:  # pragma: no cover - translation leaves no doubles where exact digits are needed
             return "value: a number could not be read exactly"
+
+    def _writer_schema_change(self, writer: _Writer) -> str | None:
+        """:func:`~cdcsync.sources.debezium.schema_change_of` for a writer schema, once per schema id."""
+        if writer.schema_id not in self._changes:
+            from cdcsync.sources.avro_schema import envelope_row_fields
+
+            fields = envelope_row_fields(writer.original, writer.names)
+            self._changes[writer.schema_id] = schema_change_of(self.spec, fields) if fields is not None else None
+        return self._changes[writer.schema_id]
 
     # ---- the primary key -------------------------------------------------------------------------------------
 

@@ -157,10 +157,19 @@ class DecodeSpec:
     """Where ``avro`` writer schemas come from (its secrets stay out of ``repr``); None for ``json``."""
     time_precision_mode: str = "adaptive"
     """The connector's ``time.precision.mode``: the unit of integer times in JSON messages without schemas."""
+    detect_schema_changes: bool = False
+    """Stop at a message whose schema (JSON wrapper, Avro writer schema) has a field the columns lack, or a
+    recorded column of another type (:func:`schema_change_of`); the runtime sets it for every source."""
+    schema_types: tuple[tuple[str, str], ...] = ()
+    """Column -> the type its schema mapped to when ``cdcsync init`` read it (recorded in the migrations)."""
 
     @classmethod
     def from_source(
-        cls, source_id: str, source: KafkaSource, schema_registry: SchemaRegistryAccess | None = None
+        cls,
+        source_id: str,
+        source: KafkaSource,
+        schema_registry: SchemaRegistryAccess | None = None,
+        schema_types: tuple[tuple[str, str], ...] = (),
     ) -> DecodeSpec:
         primary_key = tuple(source.primary_key) if source.primary_key else None
         return cls(
@@ -171,6 +180,8 @@ class DecodeSpec:
             # Only Avro sources carry the registry (and its credentials) to the executors.
             schema_registry=schema_registry if source.format == "avro" else None,
             time_precision_mode=source.time_precision_mode,
+            detect_schema_changes=True,
+            schema_types=schema_types,
         )
 
 
@@ -977,6 +988,155 @@ def _converter_for(name: str, pg: PgType, source_id: str, time_mode: str | None 
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Connect schemas -> column types (introspection) and schema changes
+# --------------------------------------------------------------------------------------------------------------
+
+_VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_UNBOUNDED_BITS = 2**31 - 1
+"""The ``length`` Debezium gives the Bits of a ``bit varying`` without a length."""
+_CONNECT_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+_CONNECT_PLAIN: dict[str, str] = {
+    "int8": "smallint",
+    "int16": "smallint",
+    "int32": "integer",
+    "int64": "bigint",
+    "float": "real",
+    "float32": "real",
+    "double": "double precision",
+    "float64": "double precision",
+    "boolean": "boolean",
+    "string": "text",
+    "bytes": "bytea",
+    "map": "json",
+}
+"""Connect base types without a logical name, by the declared type whose converter reads them as they come."""
+_CONNECT_NAMED: dict[str, str] = {
+    "io.debezium.time.ZonedTimestamp": "timestamp with time zone",
+    "io.debezium.time.ZonedTime": "time with time zone",
+    "io.debezium.time.MicroDuration": "interval",
+    "io.debezium.time.Interval": "interval",
+    "io.debezium.data.Json": "json",
+    "io.debezium.data.Uuid": "uuid",
+    "io.debezium.data.Enum": "text",
+    "io.debezium.data.Xml": "text",
+    "io.debezium.data.Ltree": "text",
+    _VARIABLE_SCALE_DECIMAL: "numeric",
+}
+"""Logical types whose declared type takes no parameter from the schema; the others (decimals, times, Bits,
+dates) are decided in :func:`connect_pg_type` from the decoder's own unit tables and parameters."""
+
+
+def connect_pg_type(schema: Any) -> PgType | str:
+    """The column type whose converter reads values of this Connect field schema exactly: the inverse of the
+    converters above (``cdcsync init`` renders DDL from it; ``run`` compares new schemas with it). A string is
+    the reason a schema has no such type (the user declares one under ``columns:``).
+
+    Where the schema cannot tell two Postgres types apart, the one that keeps every value wins: Debezium's
+    ``Json`` becomes ``json`` (the text exactly as sent, for json and jsonb sources alike), ``Bits`` of length n
+    ``bit(n)`` (exact for ``bit(n)``; a ``bit varying(n)`` source loses its leading zeros either way), ``Time`` and
+    ``Timestamp`` in milliseconds ``time(3)`` / ``timestamp(3)``, a ``Decimal`` without a precision unconstrained
+    ``numeric``, and plain strings (``varchar``, ``char``, ``inet``, enums ...) ``text``."""
+    if type(schema) is not dict:
+        return f"{_show(schema)} is not a Connect schema"
+    base, name = schema.get("type"), schema.get("name")
+    logical, params = _logical(schema)
+    if base == "array":
+        items = schema.get("items")
+        element = connect_pg_type(items)
+        if isinstance(element, str):
+            return f"array of {element}"
+        if element.is_array:
+            return "arrays of arrays are not supported"
+        return PgType("array", (), element)
+    if logical is not None:
+        if logical == _DEBEZIUM_DECIMAL:
+            scale, precision = _int_param(params, "scale"), _int_param(params, "connect.decimal.precision")
+            if scale is None or scale < 0 or (precision is not None and not 0 < precision >= scale):
+                return f"Decimal parameters {_show(params)} are not a Postgres numeric"
+            return PgType("numeric", (precision, scale)) if precision else PgType("numeric")
+        if logical in _TIMESTAMP_UNITS:
+            return PgType("timestamp without time zone", (3,) if _TIMESTAMP_UNITS[logical] == 1000 else ())
+        if logical in _TIME_UNITS:
+            return PgType("time without time zone", (3,) if _TIME_UNITS[logical] == 1000 else ())
+        if logical in _CONNECT_DATES:
+            return PgType("date")
+        if logical == _DEBEZIUM_BITS:
+            length = _int_param(params, "length")
+            if length is None or length <= 0 or length >= _UNBOUNDED_BITS:
+                return PgType("bit varying")
+            return PgType("bit", (length,))
+        if logical in _CONNECT_NAMED:
+            return PgType(_CONNECT_NAMED[logical])
+        if base != "string":  # an unknown logical type: its base type alone could misread it
+            return f"Connect type {base} named {name!r} has no Postgres mapping"
+    if base in _CONNECT_PLAIN:
+        return PgType(_CONNECT_PLAIN[base])
+    return f"Connect type {base}" + (f" named {name!r}" if name else "") + " has no Postgres mapping"
+
+
+def _int_param(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def row_fields(envelope: Any) -> list[dict[str, Any]] | None:
+    """The field schemas of a Debezium envelope's row struct (``after``, else ``before``), or None when the
+    schema is not an envelope."""
+    if type(envelope) is not dict or type(envelope.get("fields")) is not list:
+        return None
+    for struct in ("after", "before"):
+        for field_schema in envelope["fields"]:
+            if type(field_schema) is dict and field_schema.get("field") == struct:
+                fields = field_schema.get("fields")
+                if type(fields) is list:
+                    return [f for f in fields if type(f) is dict and type(f.get("field")) is str]
+    return None
+
+
+def struct_fields(schema: Any) -> list[dict[str, Any]] | None:
+    """The field schemas of a Connect struct (a message key's), or None."""
+    if type(schema) is not dict or type(schema.get("fields")) is not list:
+        return None
+    return [f for f in schema["fields"] if type(f) is dict and type(f.get("field")) is str]
+
+
+SCHEMA_CHANGE_MARKER = "[cdcsync:schema-change]"
+"""Starts a decode result that is not a dead letter but a schema change: the batch must stop (see
+:func:`schema_change_of` and :class:`cdcsync.sources.kafka.DecodeTask`)."""
+
+
+def schema_change_of(spec: DecodeSpec, fields: list[dict[str, Any]]) -> str | None:
+    """The schema-change reason for a message whose row has these Connect field schemas, or None.
+
+    A change is a field the source's columns lack (a column added at the source), or a column whose recorded
+    schema type (``spec.schema_types``: what ``cdcsync init`` read) differs from the type the field maps to now.
+    A column the schema lacks is no change: Debezium stops sending a dropped column, and it lands as NULL. The
+    reason is the marker followed by one line of JSON: every field with its type (or why it has none), the
+    added ones and the changed ones."""
+    known = {name for name, _ in spec.columns}
+    recorded = dict(spec.schema_types)
+    mapped: list[tuple[str, str | None, str | None]] = []
+    added: list[str] = []
+    changed: list[tuple[str, str, str]] = []
+    for field_schema in fields:
+        name = field_schema["field"]
+        pg = connect_pg_type(field_schema)
+        sql, why = (None, pg) if isinstance(pg, str) else (pg.sql, None)
+        mapped.append((name, sql, why))
+        if name not in known:
+            added.append(name)
+        elif name in recorded and sql is not None and sql != recorded[name]:
+            changed.append((name, recorded[name], sql))
+    if not added and not changed:
+        return None
+    detail = {"fields": mapped, "added": added, "changed": changed}
+    return f"{SCHEMA_CHANGE_MARKER} {json.dumps(detail, separators=(',', ':'))}"
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Messages
 # --------------------------------------------------------------------------------------------------------------
 
@@ -1290,6 +1450,7 @@ class _Plan:
         self.row_types = [self.schema.field(i).type for i in range(width)]
         self.null_row = [None] * width
         self.pa = pa
+        self._schema_checks: dict[int, tuple[dict[str, Any], str | None]] = {}
         self._decode_payload = _compile_payload_decoder(self)
 
     # ---- one message -----------------------------------------------------------------------------------------
@@ -1312,10 +1473,26 @@ class _Plan:
                 schema, payload = unwrapped
         if type(payload) is not dict:
             return f"value 'payload' is {_describe_json(payload)}, not a JSON object"
+        if schema is not None and self.spec.detect_schema_changes:
+            change = self._schema_change(schema)
+            if change is not None:
+                return change
         try:
             return self._decode_payload(payload, schema, raw, key_raw)
         except _Reparse:
             return self._decode_exactly(raw, key_raw)
+
+    def _schema_change(self, schema: dict[str, Any]) -> str | None:
+        """:func:`schema_change_of` for a message's envelope schema, once per distinct schema (the schema object
+        is kept with its result, so its id cannot be reused while the entry lives)."""
+        found = self._schema_checks.get(id(schema))
+        if found is None or found[0] is not schema:
+            fields = row_fields(schema)
+            found = (schema, schema_change_of(self.spec, fields) if fields is not None else None)
+            if len(self._schema_checks) >= _SCHEMA_CACHE_SIZE:
+                self._schema_checks.clear()
+            self._schema_checks[id(schema)] = found
+        return found[1]
 
     def _decode_exactly(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str:
         """The slow path: the standard library parser, with exact Decimals for every non-integer number."""
@@ -1326,6 +1503,10 @@ class _Plan:
         if isinstance(unwrapped, str):
             return unwrapped
         schema, payload = unwrapped
+        if schema is not None and self.spec.detect_schema_changes:
+            change = self._schema_change(schema)
+            if change is not None:
+                return change
         try:
             return self._decode_payload(payload, schema, raw, key_raw)
         except _Reparse:  # pragma: no cover - exact parsing yields no doubles

@@ -4,21 +4,24 @@ Decoding happens once per micro-batch, on the executors (:class:`DecodeTask`, ru
 pass, :mod:`cdcsync.pipeline.batch`): each task decodes its Arrow batches, writes the messages it could not
 decode to ``cdcsync.dead_letters`` itself (idempotently, so a retried task or a replayed batch records nothing
 twice) and passes only decoded changes on. Under ``on_decode_error: fail`` the task fails instead, naming the
-message, and the driver turns that into a :class:`~cdcsync.errors.DecodeError`.
+message, and the driver turns that into a :class:`~cdcsync.errors.DecodeError`. A message whose schema has a
+column the source lacks (or a recorded column of another type) fails the task whatever ``on_decode_error`` says:
+it is no bad message but a pipeline behind its source (:func:`schema_change_error`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
-from cdcsync.errors import ServiceError
+from cdcsync.errors import SchemaChangeError, ServiceError
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sinks.dead_letters import DeadLetterWriter
-from cdcsync.sources.debezium import CDC_COLUMNS, DecodeSpec, decode_batches
+from cdcsync.sources.debezium import CDC_COLUMNS, SCHEMA_CHANGE_MARKER, DecodeSpec, decode_batches
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,6 +71,9 @@ class DecodeTask:
         for decoded in decode_batches(batches, self.spec):
             reasons = decoded.column("_dlq_reason")
             if reasons.null_count < decoded.num_rows:
+                changes = pc.fill_null(pc.starts_with(reasons, SCHEMA_CHANGE_MARKER), False)
+                if pc.any(changes).as_py():
+                    raise RuntimeError(_schema_change(self.spec.source_id, decoded.filter(changes)))
                 bad = pc.is_valid(reasons)
                 if self.dead_letters is None:
                     raise RuntimeError(f"{DECODE_FAILURE_MARKER} {_describe_first(decoded.filter(bad))}")
@@ -77,6 +83,30 @@ class DecodeTask:
                 decoded = decoded.filter(pc.invert(bad))
             if decoded.num_rows:
                 yield decoded.select(keep)
+
+
+def _schema_change(source_id: str, changed: pa.RecordBatch) -> str:
+    """The failure a schema change stops the batch with: the marker, then one line of JSON with the source, the
+    first message with the new schema and the decoder's account of the change (see :func:`schema_change_error`)."""
+    row = changed.slice(0, 1).to_pylist()[0]
+    detail = json.loads(row["_dlq_reason"][len(SCHEMA_CHANGE_MARKER) :])
+    detail.update(source=source_id, topic=row["_cdc_topic"], partition=row["_cdc_partition"], offset=row["_cdc_offset"])
+    return f"{SCHEMA_CHANGE_MARKER} {json.dumps(detail, separators=(',', ':'))}"
+
+
+def schema_change_error(failure: str, pipeline_file: str = "PIPELINE.yaml") -> SchemaChangeError:
+    """The driver's error for a failure :class:`DecodeTask` reported for a schema change."""
+    detail = json.loads(failure[failure.index(SCHEMA_CHANGE_MARKER) + len(SCHEMA_CHANGE_MARKER) :])
+    return SchemaChangeError(
+        source_id=detail["source"],
+        topic=detail["topic"],
+        partition=detail["partition"],
+        offset=detail["offset"],
+        fields=[tuple(f) for f in detail["fields"]],
+        added=detail["added"],
+        changed=[tuple(c) for c in detail["changed"]],
+        pipeline_file=pipeline_file,
+    )
 
 
 def _describe_first(bad: pa.RecordBatch) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import cdcsync
 from cdcsync.config.aggregate import resolve as resolve_aggregation
-from cdcsync.config.pipeline import PostgresAggregateSink
+from cdcsync.config.pipeline import NO_COLUMNS, PostgresAggregateSink
 from cdcsync.errors import CdcsyncError, MigrationError, ServiceError
 from cdcsync.sql import names
 from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, render
@@ -44,7 +44,7 @@ from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, rende
 if TYPE_CHECKING:
     import psycopg
 
-    from cdcsync.config.pipeline import Pipeline
+    from cdcsync.config.pipeline import KafkaSource, Pipeline, SchemaLookup, SourceSchema
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
@@ -117,7 +117,7 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
         }
         if isinstance(sink, PostgresAggregateSink):
             sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, columns)
-    state = {
+    state: dict[str, Any] = {
         "format": STATE_FORMAT,
         "database": DATABASE,
         "pipeline": pipeline.name,
@@ -137,7 +137,69 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     }
     if tables:
         state["dynamic_tables"] = tables
+    sources = _sources_state(pipeline)
+    if sources:
+        state["sources"] = sources
     return state
+
+
+def _sources_state(pipeline: Pipeline) -> dict[str, Any]:
+    """The sources' schemas as ``init`` read them, for ``validate`` and ``run`` (:func:`recorded_schemas`)::
+
+        {"orders": {"topic": "shop.public.orders", "primary_key": ["id"],
+                    "columns": [{"name": "id", "type": "bigint"}, ...]}}
+
+    Types are those the schema maps to, before declared ``columns:`` override them: ``run`` compares each
+    message's schema with them to notice a type change at the source. Sources whose columns are only declared
+    are left out, so pipelines that never introspect keep the state they always had."""
+    sources: dict[str, Any] = {}
+    for source_id, schema in sorted(pipeline.source_schemas.items()):
+        if source_id in pipeline.sources and (schema.columns or schema.primary_key):
+            sources[source_id] = {
+                "topic": pipeline.sources[source_id].topic,
+                "columns": [{"name": name, "type": type_text} for name, type_text in schema.columns],
+                "primary_key": list(schema.primary_key) if schema.primary_key else None,
+            }
+    return sources
+
+
+def recorded_schemas(migrations_dir: Path | str, pipeline_name: str) -> dict[str, tuple[str, SourceSchema]]:
+    """(topic, schema) of each source whose schema the last migration's state records (see
+    :func:`_sources_state`), by source id.
+
+    This is how ``validate`` and ``run`` learn introspected columns without a registry or Kafka round trip:
+    ``run`` refuses to start unless every migration is applied, so these are exactly the columns the applied
+    migrations created."""
+    from cdcsync.config.pipeline import SourceSchema
+
+    last_path, last = _last_state(list_migration_files(migrations_dir, pipeline_name))
+    recorded: dict[str, tuple[str, SourceSchema]] = {}
+    for source_id, entry in ((last or {}).get("sources") or {}).items():
+        key = entry.get("primary_key")
+        schema = SourceSchema(
+            columns=tuple((str(c["name"]), str(c["type"])) for c in entry.get("columns") or []),
+            primary_key=tuple(key) if key else None,
+            origin=str(last_path),
+        )
+        recorded[source_id] = (str(entry.get("topic")), schema)
+    return recorded
+
+
+def recorded_lookup(migrations_dir: Path | str) -> SchemaLookup:
+    """A ``schema_for`` for :func:`~cdcsync.config.pipeline.load_pipeline`: the schemas recorded in the
+    migrations. A source whose topic changed since has none (``init`` reads the new topic's)."""
+    cache: dict[str, dict[str, tuple[str, SourceSchema]]] = {}
+
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | str | None:
+        if pipeline_name not in cache:
+            cache[pipeline_name] = recorded_schemas(migrations_dir, pipeline_name)
+        topic, schema = cache[pipeline_name].get(source_id, (None, None))
+        if schema is None or topic != source.topic:
+            directory = migrations_path(migrations_dir, pipeline_name)
+            return NO_COLUMNS.replace("no migration", f"no migration in {directory}")
+        return schema
+
+    return lookup
 
 
 def _aggregate_state(
@@ -362,7 +424,7 @@ class InitResult:
 
 @dataclass(frozen=True)
 class _Change:
-    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table"]
+    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table", "record_sources"]
     sink_id: str = ""
     """The sink's id, or the dynamic table's (``add_dynamic_table``)."""
     columns: tuple[tuple[str, str], ...] = ()
@@ -439,6 +501,8 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
         if added:
             changes.append(_Change("add_columns", sink_id, added))
     _diff_dynamic_tables(old.get("dynamic_tables", {}), new.get("dynamic_tables", {}), changes, destructive)
+    if not changes and old.get("sources") != new.get("sources"):
+        changes.append(_Change("record_sources"))  # e.g. a source feeding only ClickHouse sinks gained a column
     return changes, destructive
 
 
@@ -484,6 +548,9 @@ def _aggregate_change(before: dict[str, Any] | None, after: dict[str, Any] | Non
 def _apply_change(state: dict[str, Any], change: _Change, desired: dict[str, Any]) -> dict[str, Any]:
     """The cumulative state after ``change``: existing columns keep their table order, new ones go last."""
     after = json.loads(json.dumps(state))
+    after.pop("sources", None)
+    if desired.get("sources"):
+        after["sources"] = desired["sources"]
     if change.kind == "upgrade_internal":
         after["internal_version"] = desired["internal_version"]
     elif change.kind == "add_sink":
@@ -546,6 +613,13 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
         table = state["dynamic_tables"][change.sink_id]
         body = _render_dynamic_table(pipeline_name, change.sink_id, table, internal_schema)
         return f"add_dynamic_table_{_slug(change.sink_id)}", [_dynamic_table_what(change.sink_id, table)], body
+    if change.kind == "record_sources":
+        what = [
+            f"source '{source_id}': columns {', '.join(quote_ident(c['name']) for c in entry['columns'])}"
+            for source_id, entry in sorted((state.get("sources") or {}).items())
+        ]
+        body = render(f"{DATABASE}/record_sources.sql.j2", sources=sorted(state.get("sources") or {}))
+        return "record_source_schemas", what or ["no source schemas"], body
     sink = state["sinks"][change.sink_id]
     if change.kind == "add_sink":
         body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)

@@ -232,7 +232,10 @@ def test_spec_from_source_and_pickles() -> None:
     )
     spec = DecodeSpec.from_source("orders", source)
     assert spec == DecodeSpec(
-        "orders", (("id", parse_pg_type("bigint")), ("amount", parse_pg_type("numeric(12,2)"))), ("id",)
+        "orders",
+        (("id", parse_pg_type("bigint")), ("amount", parse_pg_type("numeric(12,2)"))),
+        ("id",),
+        detect_schema_changes=True,
     )
     keyless = KafkaSource.model_validate({"type": "kafka", "topic": "t", "columns": {"id": "bigint"}})
     assert DecodeSpec.from_source("orders", keyless).primary_key is None
