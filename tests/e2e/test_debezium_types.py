@@ -351,11 +351,11 @@ def test_sigkill_mid_stream_then_restart_mirrors_the_source(
     schema_registry_url: str,
     debezium_source: DebeziumSource,
 ) -> None:
-    """The same workload (JSON; about 450 messages), mirrored in micro-batches of 150 by the real CLI, which is
+    """The same workload (JSON; about 450 messages), mirrored in micro-batches of 40 by the real CLI, which is
     SIGKILLed at a random moment after the first batch and restarted: the mirror still equals the source, and
     the ledger holds each batch once."""
     publish_workload(debezium_source, "json", {}, kafka_bootstrap, schema_registry_url)
-    project = types_project(make_project, debezium_source, "json", {}, schema_registry_url, max_offsets_per_trigger=150)
+    project = types_project(make_project, debezium_source, "json", {}, schema_registry_url, max_offsets_per_trigger=40)
     killed_at = sigkill_mid_stream(project, postgres_dsn, "types", after_batches=1)
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode=False)
