@@ -119,7 +119,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
     decoded = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(DecodeRowsTask(decode, schema), ddl)
-    decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
+    decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         # Scans every partition, so this also fills the cache that the later steps read.
         failures = decoded.where(F.col(_FAILURE).isNotNull()).select(_FAILURE).collect()
