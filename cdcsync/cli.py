@@ -225,7 +225,7 @@ def run(
         )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
-    missing = check_kafka_reachable(settings, [source.topic for source in pipeline.sources.values()])
+    missing = check_kafka_reachable(settings, [s.topic for s in pipeline.streams().values() if s.topic is not None])
     for topic in missing:
         err.print(f"[yellow]warning:[/] topic '{topic}' does not exist yet; nothing to read from it", highlight=False)
 

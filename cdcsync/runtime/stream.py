@@ -17,7 +17,6 @@ Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -40,10 +39,10 @@ from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import DecodeSpec
-from cdcsync.sources.kafka import DecodeTask, spark_kafka_options
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
+    from pyspark import Accumulator, SparkContext
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -116,7 +115,8 @@ class BatchHandler:
         self.schema_registry = schema_registry
         self.settings = settings
         """Needed by ``schema_evolution: auto`` (migrations directory, connections)."""
-        self.spec = _decode_spec(pipeline, source_id, schema_registry)
+        self.specs = _decode_specs(pipeline, source_id, schema_registry)
+        """By source id: the source's own, or one per table of a ``topic_pattern`` source."""
         self.graph = build_graph(pipeline, source_id, dsn)
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
@@ -165,11 +165,24 @@ class BatchHandler:
             self._checkpoint_id = str(metadata["id"])
         return self._checkpoint_id
 
-    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask) -> dict[str, SinkOutcome]:
+    def _decoder(self, dead_letters: Accumulator[int]) -> DecodeTask | TopicDecoders:
+        """What decodes this source's rows on the executors: a :class:`DecodeTask`, or one per table (by topic)."""
+        writer = None if self.source.on_decode_error == "fail" else self.dead_letter_writer
+        tasks = {
+            source_id: DecodeTask(spec=spec, dead_letters=writer, dead_letter_count=dead_letters)
+            for source_id, spec in self.specs.items()
+        }
+        route = self.pipeline.routes.get(self.source_id)
+        if route is None:
+            return tasks[self.source_id]
+        return TopicDecoders(self.source_id, {topic: tasks[table_id] for topic, table_id in route.items()})
+
+    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
         if self.graph is None:
             land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file)
         else:
+            assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
             land = functools.partial(
                 land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks, pipeline_file
             )
@@ -193,11 +206,17 @@ class BatchHandler:
             columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
             origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
         )
-        evolved = merge(self.pipeline.source_schemas.get(self.source_id), seen)
+        changed_id = change.source_id  # this source, or one table of it (topic_pattern)
+        evolved = merge(self.pipeline.source_schemas.get(changed_id), seen)
         recorded = migrations.recorded_lookup(migrations_dir)
 
         def with_evolved(pipeline_name: str, source_id: str, source: KafkaSource) -> Any:
-            return evolved if source_id == self.source_id else recorded(pipeline_name, source_id, source)
+            found = recorded(pipeline_name, source_id, source)
+            if source_id == changed_id:
+                return evolved
+            if source_id == self.source_id and isinstance(found, dict):
+                return {**found, change.topic: evolved}
+            return found
 
         with _EVOLVE_LOCK:
             wanted = load_pipeline(self.pipeline.path, with_evolved)
@@ -211,8 +230,8 @@ class BatchHandler:
                 clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
             self.pipeline = load_pipeline(self.pipeline.path, recorded)
         self.source = self.pipeline.sources[self.source_id]
-        before, self.spec = self.spec, _decode_spec(self.pipeline, self.source_id, self.schema_registry)
-        if self.spec.columns == before.columns:  # nothing was added: landing again would stop the same way
+        before, self.specs = self.specs, _decode_specs(self.pipeline, self.source_id, self.schema_registry)
+        if self.specs[changed_id].columns == before[changed_id].columns:  # landing again would stop the same way
             raise change.add_context("schema_evolution: auto added no column")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
@@ -232,11 +251,7 @@ class BatchHandler:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
         dead_letters = self.spark_context.accumulator(0)
-        decode = DecodeTask(
-            spec=self.spec,
-            dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
-            dead_letter_count=dead_letters,
-        )
+        decode = self._decoder(dead_letters)
         evolutions = 0
         while True:
             try:
@@ -248,7 +263,7 @@ class BatchHandler:
                 if not (auto and change.additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
                     raise
                 self._evolve(change, batch_id)
-                decode = dataclasses.replace(decode, spec=self.spec)
+                decode = self._decoder(dead_letters)
         for sink_id, result in outcome.items():
             stats = self.sink_stats[sink_id]
             stats.batches += 1
@@ -297,7 +312,7 @@ class PipelineRunner:
         )
 
     def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
-        for source_id, source in self.pipeline.sources.items():
+        for source_id, source in self.pipeline.streams().items():
             self._start_query(spark, source_id, source)
         try:
             self._supervise(on_progress)
@@ -406,12 +421,18 @@ def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | N
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
 
 
-def _decode_spec(pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None) -> DecodeSpec:
-    """The source's decode spec, with the schema types ``init`` recorded (to notice a type change)."""
-    schema = pipeline.source_schemas.get(source_id)
-    return DecodeSpec.from_source(
-        source_id, pipeline.sources[source_id], schema_registry, schema.columns if schema is not None else ()
-    )
+def _decode_specs(
+    pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None
+) -> dict[str, DecodeSpec]:
+    """The decode spec of the source (of each of its tables, for a ``topic_pattern`` source), with the schema
+    types ``init`` recorded (to notice a type change)."""
+    specs = {}
+    for decoded_id in pipeline.routes.get(source_id, {source_id: source_id}).values():
+        schema = pipeline.source_schemas.get(decoded_id)
+        specs[decoded_id] = DecodeSpec.from_source(
+            decoded_id, pipeline.sources[decoded_id], schema_registry, schema.columns if schema is not None else ()
+        )
+    return specs
 
 
 def _lag(source_progress: dict[str, Any]) -> dict[str, int]:
