@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cdcsync import __version__
@@ -84,9 +85,9 @@ def handles_errors(command: F) -> F:
         except CdcsyncError as error:
             if _state["debug"]:
                 err.print_exception(show_locals=False)
-            err.print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, markup=True, soft_wrap=True)
             if error.hint:
-                err.print(f"[dim]hint:[/] {error.hint}", highlight=False, soft_wrap=True)
+                err.print(f"[dim]hint:[/] {escape(error.hint)}", highlight=False, soft_wrap=True)
             raise typer.Exit(exit_code_for(error)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -136,7 +137,7 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
         pipeline = load_pipeline(pipeline_file, init_lookup(settings, settings.migrations_dir, notes))
     finally:
         for note in notes:
-            err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     result = migrations.init(pipeline, settings.migrations_dir)
     out.print(result.summary(), highlight=False)
     clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
@@ -240,7 +241,7 @@ def run(
         spark.stop()
     for sink_id, stats in snapshot.sinks.items():
         out.print(
-            f"sink {sink_id} -> {snapshot.sink_targets[sink_id]}: {stats.batches} batch(es), "
+            f"sink {escape(sink_id)} -> {escape(snapshot.sink_targets[sink_id])}: {stats.batches} batch(es), "
             f"{stats.rows_out:,} change(s) applied",
             highlight=False,
         )
