@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline
+from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
-from cdcsync.errors import CdcsyncError, SchemaChangeError, ServiceError
+from cdcsync.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.pipeline.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.pipeline.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.dbretry import with_retries
@@ -188,38 +189,24 @@ class BatchHandler:
             )
         return with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
 
-    def _evolve(self, change: SchemaChangeError, batch_id: int) -> None:
-        """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns (so
-        a later ``init`` writes nothing and the next ``run`` finds nothing pending), apply it, and carry on with
-        the pipeline as a restarted ``run`` would load it. The batch is then landed again, new columns and all."""
+    def _evolve(self, change: SchemaChangeError | NewTopicError, batch_id: int) -> None:
+        """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns, or
+        for the new table of a ``topic_pattern`` source (so a later ``init`` writes nothing and the next ``run``
+        finds nothing pending), apply it, and carry on with the pipeline as a restarted ``run`` would load it. The
+        batch is then landed again, new columns (or table) and all."""
         assert self.settings is not None
         import psycopg
 
-        from cdcsync.config.pipeline import SourceSchema, load_pipeline
-        from cdcsync.sources.introspect import merge
+        from cdcsync.config.pipeline import load_pipeline
         from cdcsync.sql import clickhouse_migrations, migrations
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
         migrations_dir = self.settings.migrations_dir
-        seen = SourceSchema(
-            columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
-            origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
-        )
-        changed_id = change.source_id  # this source, or one table of it (topic_pattern)
-        evolved = merge(self.pipeline.source_schemas.get(changed_id), seen)
-        recorded = migrations.recorded_lookup(migrations_dir)
-
-        def with_evolved(pipeline_name: str, source_id: str, source: KafkaSource) -> Any:
-            found = recorded(pipeline_name, source_id, source)
-            if source_id == changed_id:
-                return evolved
-            if source_id == self.source_id and isinstance(found, dict):
-                return {**found, change.topic: evolved}
-            return found
-
+        changed_id, schema, what = self._evolved_schema(change)
         with _EVOLVE_LOCK:
-            wanted = load_pipeline(self.pipeline.path, with_evolved)
+            recorded = migrations.recorded_lookup(migrations_dir)
+            wanted = load_pipeline(self.pipeline.path, evolved_lookup(recorded, changed_id, change.topic, schema))
             written = [*migrations.init(wanted, migrations_dir), *clickhouse_migrations.init(wanted, migrations_dir)]
             with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
                 migrations.apply_pending(conn, wanted.name, migrations_dir)
@@ -228,24 +215,46 @@ class BatchHandler:
 
                 client = connect_from_settings(self.settings)
                 clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
-            self.pipeline = load_pipeline(self.pipeline.path, recorded)
+            # a fresh lookup: ``recorded`` cached the state before this migration
+            self.pipeline = load_pipeline(self.pipeline.path, migrations.recorded_lookup(migrations_dir))
         self.source = self.pipeline.sources[self.source_id]
         before, self.specs = self.specs, _decode_specs(self.pipeline, self.source_id, self.schema_registry)
-        if self.specs[changed_id].columns == before[changed_id].columns:  # landing again would stop the same way
-            raise change.add_context("schema_evolution: auto added no column")
+        if changed_id not in self.specs or (
+            changed_id in before and self.specs[changed_id].columns == before[changed_id].columns
+        ):  # landing again would stop the same way
+            raise change.add_context("schema_evolution: auto changed nothing")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
         log.warning(
-            "source '%s': schema_evolution auto: topic %s gained column(s) %s at partition %d, offset %d; "
-            "wrote and applied %s; landing batch %d again",
+            "source '%s': schema_evolution auto: topic %s %s at partition %d, offset %d; wrote and applied %s; "
+            "landing batch %d again",
             self.source_id,
             change.topic,
-            ", ".join(change.added),
+            what,
             change.partition,
             change.offset,
             ", ".join(str(path) for path in written) or "no migration (already written)",
             batch_id,
         )
+
+    def _evolved_schema(self, change: SchemaChangeError | NewTopicError) -> tuple[str, SourceSchema, str]:
+        """(source id, its schema from now on, what happened) for a change ``schema_evolution: auto`` handles."""
+        from cdcsync.sources.introspect import introspect, merge
+
+        if isinstance(change, NewTopicError):  # a new table: its schema, as init would read it
+            assert self.settings is not None
+            table = self.source.model_copy(update={"topic": change.topic, "topic_pattern": None})
+            found = introspect(table, self.settings)
+            if isinstance(found, str) or found.unmapped:
+                why = found if isinstance(found, str) else f"column '{found.unmapped[0][0]}': {found.unmapped[0][1]}"
+                raise change.add_context(f"schema_evolution: auto cannot read the new table's schema: {why}")
+            return table_source_id(self.source_id, change.topic), found, "is a new source table"
+        seen = SourceSchema(
+            columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
+            origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
+        )
+        evolved = merge(self.pipeline.source_schemas.get(change.source_id), seen)
+        return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         if self.stats.first_batch_at is None:
@@ -257,15 +266,16 @@ class BatchHandler:
             try:
                 outcome = self._land(raw, batch_id, decode)
                 break
-            except SchemaChangeError as change:
+            except (SchemaChangeError, NewTopicError) as change:
                 evolutions += 1
                 auto = self.source.schema_evolution == "auto" and self.settings is not None
-                if not (auto and change.additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
+                additive = isinstance(change, NewTopicError) or change.additive
+                if not (auto and additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
                     raise
                 self._evolve(change, batch_id)
                 decode = self._decoder(dead_letters)
         for sink_id, result in outcome.items():
-            stats = self.sink_stats[sink_id]
+            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
             stats.batches += 1
             stats.skipped_batches += int(result.skipped)
             stats.rows_in += result.rows_staged
@@ -304,9 +314,10 @@ class PipelineRunner:
             pipeline=self.pipeline.name,
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
-            sink_targets={
+            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
                 sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for sid, s in self.pipeline.sinks.items()
+                for handler in self.handlers.values()
+                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
             },
             elapsed=time.monotonic() - self._started,
         )
@@ -419,6 +430,21 @@ def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | N
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
     sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
+
+
+def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
+    """``recorded`` with ``schema`` as the schema of source ``changed_id``, which reads ``topic``: a source of
+    its own, or a table (new or not) of a ``topic_pattern`` source."""
+
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
+        found = recorded(pipeline_name, source_id, source)
+        if source_id == changed_id:
+            return schema
+        if isinstance(found, dict) and table_source_id(source_id, topic) == changed_id:
+            return {**found, topic: schema}
+        return found
+
+    return lookup
 
 
 def _decode_specs(

@@ -1,7 +1,8 @@
 """Issue 3, Deliver 6 with the real Debezium connector: one ``topic_pattern`` source reads the topics of several
 source tables (different columns, one composite key) and a routed sink lands each in a table of its own; then a
 table created at the source mid-stream stops the run (exit 2, naming its topic) until ``init`` + ``migrate``
-create its table, after which the replayed batch lands everything.
+create its table, after which the replayed batch lands everything. Under ``schema_evolution: auto`` the run
+writes and applies that migration itself and carries on.
 
 Equality is checked as ``EXCEPT`` both ways over every column rendered as text by Postgres.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import yaml
 from psycopg import sql
 
 from cdcsync.sql import migrations
@@ -72,15 +74,31 @@ def rows_as_text(dsn: str, schema: str, table: str) -> set[tuple[Any, ...]]:
         return {tuple(zip(columns, row, strict=True)) for row in conn.execute(query)}
 
 
-def assert_targets_equal_sources(source: DebeziumSource, target_dsn: str, tables: list[str]) -> None:
+def assert_targets_equal_sources(source: DebeziumSource, target_dsn: str, schema: str, tables: list[str]) -> None:
     for table in tables:
         expected = rows_as_text(source.dsn, "public", table)
-        got = rows_as_text(target_dsn, source.name, f"public_{table}")
+        got = rows_as_text(target_dsn, schema, f"public_{table}")
         assert expected, f"source table {table} is empty: nothing was compared"
         assert not expected - got and not got - expected, (
             f"{table}: source EXCEPT target: {sorted(expected - got)[:3]}; "
             f"target EXCEPT source: {sorted(got - expected)[:3]}"
         )
+
+
+def pipeline(name: str, prefix: str, schema: str, schema_evolution: str = "stop") -> dict[str, Any]:
+    return {
+        "name": name,
+        "sources": {
+            "shop": {
+                "type": "kafka",
+                "topic_pattern": prefix + r"\.public\..*",
+                "format": "json",
+                "on_decode_error": "fail",
+                "schema_evolution": schema_evolution,
+            }
+        },
+        "sinks": {"mirror": {"type": "postgres", "from": "shop", "schema": schema, "table": "{schema}_{table}"}},
+    }
 
 
 def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
@@ -92,29 +110,18 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     execute(source.dsn, *CHANGES)
     source.wait_caught_up()
 
-    project = make_project(
-        {
-            "name": "routed",
-            "sources": {
-                "shop": {
-                    "type": "kafka",
-                    "topic_pattern": source.name + r"\.public\..*",
-                    "format": "json",
-                    "on_decode_error": "fail",
-                }
-            },
-            "sinks": {
-                "mirror": {"type": "postgres", "from": "shop", "schema": source.name, "table": "{schema}_{table}"}
-            },
-        }
-    )
+    project = make_project(pipeline("routed", source.name, source.name))
     project.prepare()
+    # The same topics under schema_evolution: auto, into tables of their own (first run after the new table).
+    evolving = Project(project.root, project.root / "auto.yaml", project.env)
+    evolving.pipeline_file.write_text(yaml.safe_dump(pipeline("routed_auto", source.name, "auto", "auto")))
+    evolving.prepare()
     [first] = migrations.list_migration_files(project.root / "migrations", "routed")
     text = first.read_text()
     assert 'PRIMARY KEY ("order_id", "line")' in text and '"amount" numeric(10,2)' in text
     ran = project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert f"mirror[{source.topic('public.order_lines')}] -> {source.name}.public_order_lines" in ran.stdout
-    assert_targets_equal_sources(source, postgres_dsn, list(TABLES))
+    assert_targets_equal_sources(source, postgres_dsn, source.name, list(TABLES))
 
     # A table created at the source mid-stream: its topic matches, but no migration created its table yet.
     execute(
@@ -130,10 +137,15 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     assert f"read topic {source.topic('public.refunds')} (partition" in stopped.stderr
     assert "cdcsync init" in stopped.stderr and "Traceback" not in stopped.stderr
 
+    ran = evolving.cdcsync("run", str(evolving.pipeline_file), "--available-now")
+    assert f"topic {source.topic('public.refunds')} is a new source table" in ran.stderr
+    assert_targets_equal_sources(source, postgres_dsn, "auto", [*TABLES, "refunds"])
+    assert "up to date" in evolving.cdcsync("init", str(evolving.pipeline_file)).stdout  # run wrote what init would
+
     written = project.cdcsync("init", str(project.pipeline_file))
     added = migrations.list_migration_files(project.root / "migrations", "routed")[1:]
     assert [path.name for path in added] == [f"0002_add_sink_mirror_{source.name}_public_refunds.sql"], written.stdout
     assert 'PRIMARY KEY ("refund_id")' in added[0].read_text()
     project.cdcsync("migrate", str(project.pipeline_file))
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    assert_targets_equal_sources(source, postgres_dsn, [*TABLES, "refunds"])
+    assert_targets_equal_sources(source, postgres_dsn, source.name, [*TABLES, "refunds"])

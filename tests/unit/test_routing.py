@@ -274,3 +274,20 @@ def test_a_topic_init_did_not_know_stops_the_batch_naming_it() -> None:
     error = caught.value
     assert exit_code_for(error) == 2 and "read topic shop.public.refunds (partition 3, offset 7)" in str(error)
     assert "cdcsync init shop.yaml" in (error.hint or "") and "cdcsync migrate shop.yaml" in (error.hint or "")
+
+
+def test_schema_evolution_auto_adds_a_new_table_to_the_recorded_ones(tmp_path: Path) -> None:
+    from cdcsync.runtime.stream import evolved_lookup
+
+    migrations.init(validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
+    recorded = migrations.recorded_lookup(tmp_path)
+    lookup = evolved_lookup(recorded, "cdc[shop.public.lines]", "shop.public.lines", LINES)
+    grown = validate_pipeline_dict(PATTERN, schema_for=lookup)
+    assert list(grown.routes["cdc"]) == ["shop.public.lines", "shop.public.orders"]
+    [added] = list(migrations.init(grown, tmp_path))  # exactly what init would write for the new table
+    assert added.name == "0002_add_sink_mirror_shop_public_lines.sql"
+    # A new column of a known table replaces that table's schema only.
+    wider = SourceSchema((*ORDERS.columns, ("note", "text")), ("id",))
+    lookup = evolved_lookup(recorded, "cdc[shop.public.orders]", "shop.public.orders", wider)
+    evolved = validate_pipeline_dict(PATTERN, schema_for=lookup)
+    assert list(evolved.columns_of("cdc[shop.public.orders]")) == ["id", "amount", "note"]
