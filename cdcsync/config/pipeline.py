@@ -304,6 +304,13 @@ def internal_tables(pipeline_name: str, sink_id: str, sink: PostgresSink | Postg
     return names.stage_table(pipeline_name, sink_id), names.tombstone_table(pipeline_name, sink_id)
 
 
+class RoutedClickHouseSink(ClickHouseSink):
+    """One table of a routed ``clickhouse`` sink (see :class:`RoutedPostgresSink`)."""
+
+    routed_from: str
+    topic: str
+
+
 AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
 SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
@@ -334,7 +341,7 @@ class Pipeline(_Model):
     """The schemas the sources' columns were completed from (recorded by ``init``), by source id."""
     routes: dict[str, dict[str, str]] = Field(default_factory=dict, exclude=True)
     """``topic_pattern`` source id -> topic -> the id of that table's source (also in ``sources``)."""
-    routed_sinks: dict[str, PostgresSink] = Field(default_factory=dict, exclude=True)
+    routed_sinks: dict[str, PostgresSink | ClickHouseSink] = Field(default_factory=dict, exclude=True)
     """Routed sinks as declared, by id; ``sinks`` holds one :class:`RoutedPostgresSink` per table instead."""
 
     def streams(self) -> dict[str, KafkaSource]:
@@ -554,7 +561,7 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: _Inpu
         problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, columns, described).problems)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_columns(where, sink, columns, described, key, problems)
-    if isinstance(sink, RoutedPostgresSink):
+    if isinstance(sink, RoutedPostgresSink | RoutedClickHouseSink):
         return  # its internal tables have bounded names
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     _check_identifier(where, sink_id, problems)
@@ -712,28 +719,35 @@ def _route_sinks(
     sources: dict[str, KafkaSource],
     routes: dict[str, dict[str, str]],
     problems: list[str],
-) -> dict[str, PostgresSink]:
-    """Replace each sink fed by a ``topic_pattern`` source, in place, by one :class:`RoutedPostgresSink` per table
-    of that source; the declared routed sinks, by id."""
-    routed: dict[str, PostgresSink] = {}
+) -> dict[str, PostgresSink | ClickHouseSink]:
+    """Replace each sink fed by a ``topic_pattern`` source, in place, by one routed sink per table of that
+    source (:class:`RoutedPostgresSink`, :class:`RoutedClickHouseSink`); the declared routed sinks, by id."""
+    routed: dict[str, PostgresSink | ClickHouseSink] = {}
     for sink_id, sink in list(sinks.items()):
         if sink.from_ not in routes:
             continue
         where = _path("sinks", sink_id)
         del sinks[sink_id]
-        if type(sink) is not PostgresSink:
+        if type(sink) not in (PostgresSink, ClickHouseSink):
             problems.append(
                 f"{where}.type: '{sink.type}' cannot read source '{sink.from_}', which reads a topic_pattern: only "
-                "type: postgres sinks route each of its tables to a table of their own"
+                "postgres and clickhouse sinks route each of its tables to a table of their own"
             )
             continue
-        if sink.primary_key is not None:
-            problems.append(
-                f"{where}.primary_key: not allowed on a sink fed by a topic_pattern: each routed table's key is its "
-                "topic's message key"
-            )
+        assert isinstance(sink, PostgresSink | ClickHouseSink)
+        refused = [("primary_key", "each routed table's key is its topic's message key")]
+        if isinstance(sink, ClickHouseSink):
+            refused += [("low_cardinality", "the tables have different columns"), ("view", "it would be one view")]
+        for key, why in refused:
+            if getattr(sink, key):
+                problems.append(f"{where}.{key}: not allowed on a sink fed by a topic_pattern: {why}")
+        templates = (
+            {"database": sink.database, "table": sink.table}
+            if isinstance(sink, ClickHouseSink)
+            else {"schema": sink.schema_, "table": sink.table}
+        )
         used: list[str] = []
-        for key, template in (("schema", sink.schema_), ("table", sink.table)):
+        for key, template in templates.items():
             try:
                 used += placeholders(template)
             except ValueError as error:
@@ -748,23 +762,19 @@ def _route_sinks(
             )
             continue
         routed[sink_id] = sink
+        model: type[RoutedPostgresSink | RoutedClickHouseSink] = (
+            RoutedClickHouseSink if isinstance(sink, ClickHouseSink) else RoutedPostgresSink
+        )
         for topic, table_id in routes[sink.from_].items():
             try:
-                schema_name, table = render_name(sink.schema_, topic), render_name(sink.table, topic)
+                rendered = {key: render_name(template, topic) for key, template in templates.items()}
             except ValueError as error:
                 problems.append(f"{where}.table: {error}")
                 continue
-            values = sink.model_dump(by_alias=True, exclude={"from_", "schema_", "table"})
-            sinks[table_sink_id(sink_id, topic)] = RoutedPostgresSink.model_validate(
-                {
-                    **values,
-                    "from": table_id,
-                    "schema": schema_name,
-                    "table": table,
-                    "routed_from": sink_id,
-                    "topic": topic,
-                }
-            )
+            values = sink.model_dump(by_alias=True, exclude={"from_", "schema_", "database", "table"})
+            values.update(rendered, routed_from=sink_id, topic=topic)
+            values["from"] = table_id
+            sinks[table_sink_id(sink_id, topic)] = model.model_validate(values)
     return routed
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cdcsync.config.pipeline import RoutedPostgresSink
+from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
@@ -247,5 +247,5 @@ def land_batch(
 def _routed_topic(sink: BatchSink) -> str:
     """The topic whose table a sink of a ``topic_pattern`` source lands."""
     routed = sink.sink
-    assert isinstance(routed, RoutedPostgresSink), "validation routes only type: postgres sinks"
+    assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
     return routed.topic

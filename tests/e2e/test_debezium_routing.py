@@ -9,6 +9,7 @@ Equality is checked as ``EXCEPT`` both ways over every column rendered as text b
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import yaml
 from psycopg import sql
 
 from cdcsync.sql import migrations
-from tests.conftest import DebeziumSource
+from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project
 
 TABLES = {
@@ -30,6 +31,12 @@ TABLES = {
         "CREATE TABLE order_lines (order_id bigint, line integer, sku varchar(12), qty integer, "
         "PRIMARY KEY (order_id, line))"
     ),
+}
+CLICKHOUSE_COMPARED = {
+    "customers": ("id", "name"),
+    "orders": ("id", "amount"),
+    "order_lines": ("order_id", "line", "qty"),
+    "refunds": ("refund_id", "amount"),
 }
 FILL = (
     "INSERT INTO customers SELECT g, 'customer ' || g, (g % 3)::smallint FROM generate_series(1, 200) g",
@@ -101,8 +108,23 @@ def pipeline(name: str, prefix: str, schema: str, schema_evolution: str = "stop"
     }
 
 
+def assert_clickhouse_equals_sources(source: DebeziumSource, clickhouse: ClickHouseDatabase) -> None:
+    """Key and one value per row, as Python values, in every ClickHouse table (deleted rows hidden)."""
+    client = clickhouse.client()
+    for table, columns in CLICKHOUSE_COMPARED.items():
+        names = ", ".join(columns)
+        with psycopg.connect(source.dsn) as conn:
+            expected = set(conn.execute(f"SELECT {names} FROM {table}").fetchall())
+        query = f"SELECT {names} FROM `{clickhouse.database}`.`{table}` FINAL WHERE NOT _is_deleted"
+        got = set(client.query(query).result_rows)
+        assert expected and expected == got, (table, sorted(expected - got)[:3], sorted(got - expected)[:3])
+
+
 def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
-    make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, debezium_source: DebeziumSource
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
+    debezium_source: DebeziumSource,
+    clickhouse_database: ClickHouseDatabase,
 ) -> None:
     source = debezium_source
     execute(source.dsn, *TABLES.values(), *FILL)
@@ -113,8 +135,18 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     project = make_project(pipeline("routed", source.name, source.name))
     project.prepare()
     # The same topics under schema_evolution: auto, into tables of their own (first run after the new table).
+    # The same topics under schema_evolution: auto, into tables of their own in Postgres and in ClickHouse (first
+    # run after the new table). Unique name: ClickHouse's migration ledger is shared by the test session.
     evolving = Project(project.root, project.root / "auto.yaml", project.env)
-    evolving.pipeline_file.write_text(yaml.safe_dump(pipeline("routed_auto", source.name, "auto", "auto")))
+    evolving.env["CDCSYNC__CLICKHOUSE__URL"] = clickhouse_database.url
+    auto = pipeline(f"routed_auto_{uuid.uuid4().hex[:8]}", source.name, "auto", "auto")
+    auto["sinks"]["analytics"] = {
+        "type": "clickhouse",
+        "from": "shop",
+        "database": clickhouse_database.database,
+        "table": "{table}",
+    }
+    evolving.pipeline_file.write_text(yaml.safe_dump(auto))
     evolving.prepare()
     [first] = migrations.list_migration_files(project.root / "migrations", "routed")
     text = first.read_text()
@@ -140,6 +172,7 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     ran = evolving.cdcsync("run", str(evolving.pipeline_file), "--available-now")
     assert f"topic {source.topic('public.refunds')} is a new source table" in ran.stderr
     assert_targets_equal_sources(source, postgres_dsn, "auto", [*TABLES, "refunds"])
+    assert_clickhouse_equals_sources(source, clickhouse_database)
     assert "up to date" in evolving.cdcsync("init", str(evolving.pipeline_file)).stdout  # run wrote what init would
 
     written = project.cdcsync("init", str(project.pipeline_file))

@@ -16,7 +16,7 @@ import pytest
 
 from cdcsync.config import routing
 from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema, validate_pipeline_dict
-from cdcsync.errors import ConfigError, NewTopicError, exit_code_for
+from cdcsync.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
 from cdcsync.pipeline.batch import RoutedStageTask, raise_reported
 from cdcsync.sources.debezium import DecodeSpec
 from cdcsync.sources.kafka import NEW_TOPIC_MARKER, DecodeTask, TopicDecoders, spark_kafka_options
@@ -112,6 +112,19 @@ def test_each_known_topic_is_a_table_with_its_own_columns_key_and_sink() -> None
     assert list(pipeline.routed_sinks) == ["mirror"]
 
 
+def test_clickhouse_sinks_route_too() -> None:
+    from cdcsync.config.pipeline import RoutedClickHouseSink
+    from cdcsync.sql import clickhouse_migrations
+
+    doc = changed("sinks.mirror", {"type": "clickhouse", "from": "cdc", "database": "{schema}", "table": "{table}"})
+    pipeline = validate_pipeline_dict(doc, schema_for=tables(orders=ORDERS, lines=LINES))
+    lines = pipeline.sinks["mirror[shop.public.lines]"]
+    assert isinstance(lines, RoutedClickHouseSink) and (lines.database, lines.table) == ("public", "lines")
+    state = clickhouse_migrations.desired_state(pipeline)["sinks"]
+    assert state["mirror[shop.public.lines]"]["primary_key"] == ["order_id", "line"]
+    assert [c["name"] for c in state["mirror[shop.public.orders]"]["columns"]] == ["id", "amount"]
+
+
 def test_desired_state_has_a_table_per_topic_with_bounded_internal_names() -> None:
     doc = changed("sinks.mirror.table", "{table}")
     doc["name"] = "p" * 40
@@ -134,7 +147,10 @@ def test_recorded_tables_are_what_validate_and_run_see(tmp_path: Path) -> None:
     assert offline.sink_primary_key(offline.sinks["mirror[shop.public.orders]"]) == ["id"]
     # A narrower pattern drops the recorded tables it no longer matches.
     narrower = changed("sources.cdc.topic_pattern", r"shop\.public\.lines")
-    assert validate_pipeline_dict(narrower, schema_for=migrations.recorded_lookup(tmp_path)).routes == {"cdc": {}}
+    narrowed = validate_pipeline_dict(narrower, schema_for=migrations.recorded_lookup(tmp_path))
+    assert narrowed.routes == {"cdc": {}}
+    with pytest.raises(MigrationError, match=r"sink 'mirror\[shop\.public\.orders\]' was removed or renamed"):
+        migrations.init(narrowed, tmp_path)  # dropping its table is a DBA's decision
 
 
 def test_a_new_topic_adds_only_its_table_in_the_next_migration(tmp_path: Path) -> None:
@@ -161,8 +177,19 @@ def test_a_new_topic_adds_only_its_table_in_the_next_migration(tmp_path: Path) -
         ("sinks.mirror.table", "x" * 60 + "_{table}", "sinks.mirror[shop.public.orders].table: 'xxxx"),
         (
             "sinks.mirror",
-            {"type": "clickhouse", "from": "cdc", "table": "{table}"},
-            "sinks.mirror.type: 'clickhouse' cannot read source 'cdc', which reads a topic_pattern",
+            {
+                "type": "postgres_aggregate",
+                "from": "cdc",
+                "landing_table": "{table}",
+                "agg_table": "a",
+                "aggregate": {"n": {"fn": "count"}},
+            },
+            "sinks.mirror.type: 'postgres_aggregate' cannot read source 'cdc', which reads a topic_pattern",
+        ),
+        (
+            "sinks.mirror",
+            {"type": "clickhouse", "from": "cdc", "table": "{table}", "low_cardinality": ["amount"]},
+            "sinks.mirror.low_cardinality: not allowed on a sink fed by a topic_pattern",
         ),
         (
             "transforms",
