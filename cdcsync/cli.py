@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cdcsync import __version__
-from cdcsync.config.pipeline import Pipeline, load_pipeline
+from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
 from cdcsync.config.settings import Settings, load_settings, redact_dsn
 from cdcsync.errors import CdcsyncError, exit_code_for
 
@@ -113,9 +113,11 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid). Offline: columns
     come from the file and from what `cdcsync init` recorded in the migrations."""
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
+    tables = sum(len(route) for route in pipeline.routes.values())
+    sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
-        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.sources)} source(s), "
-        f"{len(pipeline.sinks)} sink(s)",
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.streams())} source(s), "
+        f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
 

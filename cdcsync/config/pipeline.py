@@ -715,10 +715,7 @@ def _complete_sources(
 
 
 def _route_sinks(
-    sinks: dict[str, SinkModel],
-    sources: dict[str, KafkaSource],
-    routes: dict[str, dict[str, str]],
-    problems: list[str],
+    sinks: dict[str, SinkModel], routes: dict[str, dict[str, str]], problems: list[str]
 ) -> dict[str, PostgresSink | ClickHouseSink]:
     """Replace each sink fed by a ``topic_pattern`` source, in place, by one routed sink per table of that
     source (:class:`RoutedPostgresSink`, :class:`RoutedClickHouseSink`); the declared routed sinks, by id."""
@@ -838,12 +835,19 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     valid_name = name if isinstance(name, str) and _PIPELINE_NAME_RE.match(name) else None
     routes: dict[str, dict[str, str]] = {}
     source_schemas = _complete_sources(valid_name, sources, schema_for, problems, routes)
-    routed_sinks = _route_sinks(sinks, sources, routes, problems)
+    tables = {table_id: pattern_id for pattern_id, route in routes.items() for table_id in route.values()}
+    for sink_id, sink in sinks.items():
+        if sink.from_ in tables:
+            problems.append(
+                f"sinks.{sink_id}.from: '{sink.from_}' is a table of topic_pattern source '{tables[sink.from_]}'; "
+                "a sink reads the pattern source (routed), or a source of its own (topic:)"
+            )
+    routed_sinks = _route_sinks(sinks, routes, problems)
     for transform_id, transform in transforms.items():
         for input_id in (transform.from_ or []) if isinstance(transform, SqlTransform) else []:
-            if input_id in routes:
+            if input_id in routes or input_id in tables:
                 problems.append(
-                    f"transforms.{transform_id}.from: source '{input_id}' reads a topic_pattern; SQL transforms read "
+                    f"transforms.{transform_id}.from: '{input_id}' reads a topic_pattern; SQL transforms read "
                     "sources of one topic (topic:)"
                 )
     for source_id, source in sources.items():

@@ -194,7 +194,12 @@ def test_a_new_topic_adds_only_its_table_in_the_next_migration(tmp_path: Path) -
         (
             "transforms",
             {"big": {"type": "sql", "from": "cdc", "sql": "SELECT * FROM cdc", "primary_key": "id"}},
-            "transforms.big.from: source 'cdc' reads a topic_pattern",
+            "transforms.big.from: 'cdc' reads a topic_pattern",
+        ),
+        (
+            "sinks.one",
+            {"type": "postgres", "from": "cdc[shop.public.orders]", "table": "orders"},
+            "sinks.one.from: 'cdc[shop.public.orders]' is a table of topic_pattern source 'cdc'",
         ),
     ],
 )
