@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cdcsync import __version__
 from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
@@ -269,13 +270,15 @@ def status(pipeline_file: PipelineArg) -> None:
     report = pipeline_status(pipeline, settings)
     lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
     for row in report.partitions:
-        lag.add_row(row.source, f"{row.topic}/{row.partition}", str(row.committed), str(row.end), f"{row.lag:,}")
+        lag.add_row(
+            Text(row.source), Text(f"{row.topic}/{row.partition}"), str(row.committed), str(row.end), f"{row.lag:,}"
+        )
     out.print(lag)
     sinks = Table("sink", "target", "last batch", "committed at", "rows")
     for sink in report.sinks:
         committed = sink.committed_at.strftime("%Y-%m-%d %H:%M:%S %Z") if sink.committed_at else "-"
         last_batch = "-" if sink.last_batch is None else str(sink.last_batch)
-        sinks.add_row(sink.sink, sink.target, last_batch, committed, f"{sink.rows:,}")
+        sinks.add_row(Text(sink.sink), Text(sink.target), last_batch, committed, f"{sink.rows:,}")
     out.print(sinks)
     if report.dead_letters:
         out.print(f"dead letters: {report.dead_letters}")

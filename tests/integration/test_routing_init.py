@@ -130,6 +130,19 @@ def test_init_renders_a_table_per_matching_topic_and_later_only_the_new_one(
     assert code == 0, err
     assert primary_keys(postgres_dsn, schema) == {"public_lines": ["order_id", "line"], "public_orders": ["id"]}
 
+    # status reports each table's topic and sink
+    from cdcsync.config.pipeline import load_pipeline
+    from cdcsync.config.settings import load_settings
+    from cdcsync.runtime.status import pipeline_status
+
+    settings = load_settings()
+    report = pipeline_status(load_pipeline(path, migrations.recorded_lookup(settings.migrations_dir)), settings)
+    assert {(row.source, row.topic, row.lag) for row in report.partitions} == {
+        ("cdc", f"{prefix}.public.lines", 2),
+        ("cdc", f"{prefix}.public.orders", 2),
+    }
+    assert {sink.target for sink in report.sinks} == {f"{schema}.public_lines", f"{schema}.public_orders"}
+
     # validate works offline from the recorded tables
     monkeypatch.setenv("CDCSYNC__KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
     code, out, err = invoke("validate", str(path))
