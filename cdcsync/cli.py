@@ -15,10 +15,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cdcsync import __version__
-from cdcsync.config.pipeline import Pipeline, load_pipeline
+from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
 from cdcsync.config.settings import Settings, load_settings, redact_dsn
 from cdcsync.errors import CdcsyncError, exit_code_for
 
@@ -84,9 +86,9 @@ def handles_errors(command: F) -> F:
         except CdcsyncError as error:
             if _state["debug"]:
                 err.print_exception(show_locals=False)
-            err.print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, markup=True, soft_wrap=True)
             if error.hint:
-                err.print(f"[dim]hint:[/] {error.hint}", highlight=False, soft_wrap=True)
+                err.print(f"[dim]hint:[/] {escape(error.hint)}", highlight=False, soft_wrap=True)
             raise typer.Exit(exit_code_for(error)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -112,9 +114,11 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid). Offline: columns
     come from the file and from what `cdcsync init` recorded in the migrations."""
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
+    tables = sum(len(route) for route in pipeline.routes.values())
+    sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
-        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.sources)} source(s), "
-        f"{len(pipeline.sinks)} sink(s)",
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.streams())} source(s), "
+        f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
 
@@ -136,7 +140,7 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
         pipeline = load_pipeline(pipeline_file, init_lookup(settings, settings.migrations_dir, notes))
     finally:
         for note in notes:
-            err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     result = migrations.init(pipeline, settings.migrations_dir)
     out.print(result.summary(), highlight=False)
     clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
@@ -225,7 +229,7 @@ def run(
         )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
-    missing = check_kafka_reachable(settings, [source.topic for source in pipeline.sources.values()])
+    missing = check_kafka_reachable(settings, [s.topic for s in pipeline.streams().values() if s.topic is not None])
     for topic in missing:
         err.print(f"[yellow]warning:[/] topic '{topic}' does not exist yet; nothing to read from it", highlight=False)
 
@@ -240,7 +244,7 @@ def run(
         spark.stop()
     for sink_id, stats in snapshot.sinks.items():
         out.print(
-            f"sink {sink_id} -> {snapshot.sink_targets[sink_id]}: {stats.batches} batch(es), "
+            f"sink {escape(sink_id)} -> {escape(snapshot.sink_targets[sink_id])}: {stats.batches} batch(es), "
             f"{stats.rows_out:,} change(s) applied",
             highlight=False,
         )
@@ -266,13 +270,15 @@ def status(pipeline_file: PipelineArg) -> None:
     report = pipeline_status(pipeline, settings)
     lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
     for row in report.partitions:
-        lag.add_row(row.source, f"{row.topic}/{row.partition}", str(row.committed), str(row.end), f"{row.lag:,}")
+        lag.add_row(
+            Text(row.source), Text(f"{row.topic}/{row.partition}"), str(row.committed), str(row.end), f"{row.lag:,}"
+        )
     out.print(lag)
     sinks = Table("sink", "target", "last batch", "committed at", "rows")
     for sink in report.sinks:
         committed = sink.committed_at.strftime("%Y-%m-%d %H:%M:%S %Z") if sink.committed_at else "-"
         last_batch = "-" if sink.last_batch is None else str(sink.last_batch)
-        sinks.add_row(sink.sink, sink.target, last_batch, committed, f"{sink.rows:,}")
+        sinks.add_row(Text(sink.sink), Text(sink.target), last_batch, committed, f"{sink.rows:,}")
     out.print(sinks)
     if report.dead_letters:
         out.print(f"dead letters: {report.dead_letters}")

@@ -99,6 +99,24 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_RUNTIME_FAILURE
 
 
+class NewTopicError(UserError):
+    """A ``topic_pattern`` source read a matching topic that ``cdcsync init`` did not know (a source table that
+    appeared mid-stream): ``run`` stops before the batch is committed (exit 2), so it is replayed once the new
+    table's migration is applied."""
+
+    def __init__(self, *, source_id: str, topic: str, partition: int, offset: int, pipeline_file: str) -> None:
+        self.source_id, self.topic, self.partition, self.offset = source_id, topic, partition, offset
+        super().__init__(
+            f"source '{source_id}' read topic {topic} (partition {partition}, offset {offset}), a new source table "
+            "no migration creates a table for",
+            hint=(
+                f"run `cdcsync init {pipeline_file}` (it writes the next migration, creating that table), review it, "
+                f"`cdcsync migrate {pipeline_file}`, then run again: this batch was not committed and is replayed, "
+                "nothing is lost"
+            ),
+        )
+
+
 class SchemaChangeError(UserError):
     """A source's topic schema gained a column its pipeline lacks, or changed a recorded column's type: ``run``
     stops before the batch is committed (exit 2), so it is replayed once the migration is applied.

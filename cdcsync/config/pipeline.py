@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SkipValidation, ValidationError, field_validator
+from pydantic import BaseModel, Field, SkipValidation, ValidationError, field_validator, model_validator
 
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.routing import check_pattern, placeholders, render_name, table_sink_id, table_source_id
 from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 from cdcsync.errors import ConfigError
+from cdcsync.sql import names
 from cdcsync.transforms.plan import PipelinePlan, TransformStep
 
 METADATA_COLUMNS: tuple[str, ...] = (
@@ -63,15 +65,21 @@ NO_COLUMNS = (
     "not declared, and no migration records them: run `cdcsync init` (it reads them from the schema registry or "
     "the topic), or declare them"
 )
-SchemaLookup = Callable[[str, str, "KafkaSource"], "SourceSchema | str | None"]
-"""(pipeline name, source id, source) -> its schema, or why there is none (shown when it declares no columns)."""
+TopicSchemas = dict[str, "SourceSchema | str"]
+"""Topic -> its schema, or why it has none: the tables of a ``topic_pattern`` source."""
+SchemaLookup = Callable[[str, str, "KafkaSource"], "SourceSchema | TopicSchemas | str | None"]
+"""(pipeline name, source id, source) -> its schema, or why there is none (shown when it declares no columns);
+for a ``topic_pattern`` source, the schema of each matching topic it knows."""
 
 
 class KafkaSource(_Model):
     """A Debezium changelog topic."""
 
     type: Literal["kafka"]
-    topic: str = Field(min_length=1)
+    topic: str | None = Field(default=None, min_length=1)
+    topic_pattern: str | None = Field(default=None, min_length=1)
+    """A regular expression matched against whole topic names (Spark's ``subscribePattern``): every matching topic
+    is a source table of its own, routed by the sinks fed by this source (:mod:`cdcsync.config.routing`)."""
     format: Literal["json", "avro"] = "json"
     """``avro``: the Confluent wire format, writer schemas fetched by id from the schema registry."""
     primary_key: list[str] | None = None
@@ -93,6 +101,22 @@ class KafkaSource(_Model):
     """Native Kafka consumer / Spark Kafka source options passed through verbatim (e.g. ``kafka.security.protocol``)."""
 
     _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> KafkaSource:
+        if self.topic is None and self.topic_pattern is None:
+            raise ValueError("topic: required key is missing (or topic_pattern, to read every matching topic)")
+        if self.topic is not None and self.topic_pattern is not None:
+            raise ValueError("topic_pattern: give either topic (one topic) or topic_pattern (many topics), not both")
+        return self
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str | None) -> str | None:
+        problem = check_pattern(pattern) if pattern is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return pattern
 
     @field_validator("columns")
     @classmethod
@@ -135,6 +159,15 @@ class PostgresSink(_Model):
     """``apply``: a source TRUNCATE empties the table (in version order with the changes around it)."""
 
     _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+
+
+class RoutedPostgresSink(PostgresSink):
+    """One table of a routed sink (a ``type: postgres`` sink fed by a ``topic_pattern`` source): made by
+    validation, one per topic, with ``schema`` and ``table`` rendered from the declared templates."""
+
+    routed_from: str
+    """The declared sink's id."""
+    topic: str
 
 
 class GroupColumn(_Model):
@@ -262,6 +295,22 @@ class ClickHouseSink(_Model):
         return (self.view or f"{self.table}_current") if self.legacy_server else None
 
 
+def internal_tables(pipeline_name: str, sink_id: str, sink: PostgresSink | PostgresAggregateSink) -> tuple[str, str]:
+    """The staging and tombstone tables of a Postgres sink, in the internal schema. A routed table's names are
+    readable and of bounded length: the declared sink id and the target table (not the topic)."""
+    if isinstance(sink, RoutedPostgresSink):
+        parts = (pipeline_name, sink.routed_from, sink.schema_, sink.table)
+        return names.bounded(*parts, "stage"), names.bounded(*parts, "tombstones")
+    return names.stage_table(pipeline_name, sink_id), names.tombstone_table(pipeline_name, sink_id)
+
+
+class RoutedClickHouseSink(ClickHouseSink):
+    """One table of a routed ``clickhouse`` sink (see :class:`RoutedPostgresSink`)."""
+
+    routed_from: str
+    topic: str
+
+
 AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
 SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
@@ -290,6 +339,23 @@ class Pipeline(_Model):
 
     source_schemas: dict[str, SourceSchema] = Field(default_factory=dict, exclude=True)
     """The schemas the sources' columns were completed from (recorded by ``init``), by source id."""
+    routes: dict[str, dict[str, str]] = Field(default_factory=dict, exclude=True)
+    """``topic_pattern`` source id -> topic -> the id of that table's source (also in ``sources``)."""
+    routed_sinks: dict[str, PostgresSink | ClickHouseSink] = Field(default_factory=dict, exclude=True)
+    """Routed sinks as declared, by id; ``sinks`` holds one :class:`RoutedPostgresSink` per table instead."""
+
+    def streams(self) -> dict[str, KafkaSource]:
+        """The sources read by a streaming query each: all but the tables of ``topic_pattern`` sources, which
+        their pattern source's query reads."""
+        tables = {table_id for route in self.routes.values() for table_id in route.values()}
+        return {source_id: source for source_id, source in self.sources.items() if source_id not in tables}
+
+    def stream_of(self, source_id: str) -> str:
+        """The source whose query reads ``source_id``: its pattern source for a table, else itself."""
+        for pattern_id, route in self.routes.items():
+            if source_id in route.values():
+                return pattern_id
+        return source_id
 
     def source_of(self, sink: SinkModel) -> KafkaSource:
         """The source whose micro-batches feed ``sink``, through any transforms (the runtime groups sinks by it)."""
@@ -323,8 +389,13 @@ class Pipeline(_Model):
         return key
 
     def sinks_of(self, source_id: str) -> dict[str, SinkModel]:
-        """Sinks fed by ``source_id``'s micro-batches, directly or through transforms."""
-        return {sink_id: sink for sink_id, sink in self.sinks.items() if self.root_of(sink.from_) == source_id}
+        """Sinks fed by ``source_id``'s micro-batches, directly or through transforms (for a ``topic_pattern``
+        source: the sinks of all of its tables)."""
+        return {
+            sink_id: sink
+            for sink_id, sink in self.sinks.items()
+            if self.stream_of(self.root_of(sink.from_)) == source_id
+        }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -359,6 +430,9 @@ def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseMode
             message = f"{item['input']!r} is not one of {expected}"
         else:
             message = item["msg"].removeprefix("Value error, ")
+            key, _, rest = message.partition(": ")
+            if not loc and key in model.model_fields:  # a model validator's finding about one key
+                path, message = _path(prefix, key), rest
         problems.append(f"{path}: {message}")
     return problems
 
@@ -393,6 +467,13 @@ def _check_identifier(path: str, name: str, problems: list[str]) -> None:
 
 def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> None:
     where = _path("sources", source_id)
+    if source.topic_pattern is not None:
+        for key, given in (("columns", source.columns), ("primary_key", source.primary_key)):
+            if given:
+                problems.append(
+                    f"{where}.{key}: not supported with topic_pattern: each table's columns and key come from its "
+                    "own topic (run `cdcsync init`); read a table that needs them with a source of its own (topic:)"
+                )
     for name, type_text in source.columns.items():
         _check_identifier(f"{where}.columns.{name}", name, problems)
         if name in METADATA_COLUMNS or name.startswith("_cdc_") or name in RESERVED_COLUMNS:
@@ -413,7 +494,7 @@ def _check_source(source_id: str, source: KafkaSource, problems: list[str]) -> N
         problems.append(f"{where}.primary_key: a column is listed twice")
     for option in source.options:
         if option in {"subscribe", "subscribePattern", "assign", "includeHeaders"}:
-            problems.append(f"{where}.options.{option}: set by cdcsync itself; use 'topic' instead")
+            problems.append(f"{where}.options.{option}: set by cdcsync itself; use 'topic' or 'topic_pattern'")
 
 
 @dataclass(frozen=True)
@@ -480,6 +561,8 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: _Inpu
         problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, columns, described).problems)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_columns(where, sink, columns, described, key, problems)
+    if isinstance(sink, RoutedPostgresSink | RoutedClickHouseSink):
+        return  # its internal tables have bounded names
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     _check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
@@ -574,17 +657,52 @@ def _plan(
     return plan, _Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
 
 
+def _route_tables(
+    source_id: str,
+    source: KafkaSource,
+    found: SourceSchema | TopicSchemas | str | None,
+    sources: dict[str, KafkaSource],
+    used: dict[str, SourceSchema],
+    problems: list[str],
+) -> dict[str, str]:
+    """Add a source per table (known topic) of the ``topic_pattern`` source ``source_id``; topic -> its id."""
+    where = _path("sources", source_id, "topic_pattern")
+    if isinstance(found, str):
+        problems.append(f"{where}: {found}")
+    route: dict[str, str] = {}
+    for topic, schema in sorted((found if isinstance(found, dict) else {}).items()):
+        if isinstance(schema, str):
+            problems.append(f"{where}: topic {topic}: {schema}")
+            continue
+        table_id = table_source_id(source_id, topic)
+        for name, why in schema.unmapped:
+            problems.append(
+                f"{where}: topic {topic}, column '{name}': {why}; a routed table cannot declare column types yet: "
+                "read that topic with a source of its own (topic:) and declare the type there"
+            )
+        sources[table_id] = source.model_copy(update={"topic": topic, "topic_pattern": None}).with_schema(schema)
+        used[table_id] = schema
+        route[topic] = table_id
+    return route
+
+
 def _complete_sources(
     pipeline_name: str | None,
     sources: dict[str, KafkaSource],
     schema_for: SchemaLookup | None,
     problems: list[str],
+    routes: dict[str, dict[str, str]],
 ) -> dict[str, SourceSchema]:
-    """Complete each source's columns from its schema (``schema_for``), in place; the schemas used."""
+    """Complete each source's columns from its schema (``schema_for``), in place; the schemas used. A
+    ``topic_pattern`` source gains a source per known topic instead (listed in ``routes``)."""
     used: dict[str, SourceSchema] = {}
     for source_id, source in list(sources.items()):
         where = _path("sources", source_id, "columns")
         found = schema_for(pipeline_name, source_id, source) if schema_for and pipeline_name else None
+        if source.topic_pattern is not None:
+            routes[source_id] = _route_tables(source_id, source, found, sources, used, problems)
+            continue
+        assert not isinstance(found, dict), "only topic_pattern sources have tables"
         if isinstance(found, SourceSchema) and not source.adds_nothing(found):
             used[source_id] = found
             sources[source_id] = source.with_schema(found)
@@ -594,6 +712,67 @@ def _complete_sources(
         if not sources[source_id].columns:
             problems.append(f"{where}: {found if isinstance(found, str) else NO_COLUMNS}")
     return used
+
+
+def _route_sinks(
+    sinks: dict[str, SinkModel], routes: dict[str, dict[str, str]], problems: list[str]
+) -> dict[str, PostgresSink | ClickHouseSink]:
+    """Replace each sink fed by a ``topic_pattern`` source, in place, by one routed sink per table of that
+    source (:class:`RoutedPostgresSink`, :class:`RoutedClickHouseSink`); the declared routed sinks, by id."""
+    routed: dict[str, PostgresSink | ClickHouseSink] = {}
+    for sink_id, sink in list(sinks.items()):
+        if sink.from_ not in routes:
+            continue
+        where = _path("sinks", sink_id)
+        del sinks[sink_id]
+        if type(sink) not in (PostgresSink, ClickHouseSink):
+            problems.append(
+                f"{where}.type: '{sink.type}' cannot read source '{sink.from_}', which reads a topic_pattern: only "
+                "postgres and clickhouse sinks route each of its tables to a table of their own"
+            )
+            continue
+        assert isinstance(sink, PostgresSink | ClickHouseSink)
+        refused = [("primary_key", "each routed table's key is its topic's message key")]
+        if isinstance(sink, ClickHouseSink):
+            refused += [("low_cardinality", "the tables have different columns"), ("view", "it would be one view")]
+        for key, why in refused:
+            if getattr(sink, key):
+                problems.append(f"{where}.{key}: not allowed on a sink fed by a topic_pattern: {why}")
+        templates = (
+            {"database": sink.database, "table": sink.table}
+            if isinstance(sink, ClickHouseSink)
+            else {"schema": sink.schema_, "table": sink.table}
+        )
+        used: list[str] = []
+        for key, template in templates.items():
+            try:
+                used += placeholders(template)
+            except ValueError as error:
+                problems.append(f"{where}.{key}: {error}")
+                used.append("?")
+        if "?" in used:
+            continue
+        if not {"table", "topic"} & set(used):
+            problems.append(
+                f"{where}.table: '{sink.table}' names one table for every topic of source '{sink.from_}'; use a "
+                "template such as '{schema}_{table}' or '{table}' (placeholders: {schema}, {table}, {topic})"
+            )
+            continue
+        routed[sink_id] = sink
+        model: type[RoutedPostgresSink | RoutedClickHouseSink] = (
+            RoutedClickHouseSink if isinstance(sink, ClickHouseSink) else RoutedPostgresSink
+        )
+        for topic, table_id in routes[sink.from_].items():
+            try:
+                rendered = {key: render_name(template, topic) for key, template in templates.items()}
+            except ValueError as error:
+                problems.append(f"{where}.table: {error}")
+                continue
+            values = sink.model_dump(by_alias=True, exclude={"from_", "schema_", "database", "table"})
+            values.update(rendered, routed_from=sink_id, topic=topic)
+            values["from"] = table_id
+            sinks[table_sink_id(sink_id, topic)] = model.model_validate(values)
+    return routed
 
 
 def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: SchemaLookup | None = None) -> Pipeline:
@@ -654,7 +833,23 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         str(k) for section in ("sources", "transforms") if isinstance(raw.get(section), dict) for k in raw[section]
     }
     valid_name = name if isinstance(name, str) and _PIPELINE_NAME_RE.match(name) else None
-    source_schemas = _complete_sources(valid_name, sources, schema_for, problems)
+    routes: dict[str, dict[str, str]] = {}
+    source_schemas = _complete_sources(valid_name, sources, schema_for, problems, routes)
+    tables = {table_id: pattern_id for pattern_id, route in routes.items() for table_id in route.values()}
+    for sink_id, sink in sinks.items():
+        if sink.from_ in tables:
+            problems.append(
+                f"sinks.{sink_id}.from: '{sink.from_}' is a table of topic_pattern source '{tables[sink.from_]}'; "
+                "a sink reads the pattern source (routed), or a source of its own (topic:)"
+            )
+    routed_sinks = _route_sinks(sinks, routes, problems)
+    for transform_id, transform in transforms.items():
+        for input_id in (transform.from_ or []) if isinstance(transform, SqlTransform) else []:
+            if input_id in routes or input_id in tables:
+                problems.append(
+                    f"transforms.{transform_id}.from: '{input_id}' reads a topic_pattern; SQL transforms read "
+                    "sources of one topic (topic:)"
+                )
     for source_id, source in sources.items():
         _check_source(source_id, source, problems)
     for transform_id, transform in transforms.items():
@@ -689,6 +884,8 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         path=path,
         plan=plan,
         source_schemas=source_schemas,
+        routes=routes,
+        routed_sinks=routed_sinks,
     )
 
 

@@ -18,11 +18,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, schema_change_error
+from cdcsync.sources.kafka import (
+    DECODER_INPUT_COLUMNS,
+    NEW_TOPIC_MARKER,
+    DecodeTask,
+    TopicDecoders,
+    new_topic_error,
+    schema_change_error,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,6 +89,48 @@ class StageTask:
 
 
 @dataclass(frozen=True)
+class RoutedStageTask:
+    """Executor side for a ``topic_pattern`` source: split one partition by topic (Spark's Kafka partitions
+    usually hold one topic each), decode each topic's rows with its table's spec and stage them into that table's
+    sinks. A topic no table is known for stops the batch before anything is staged (picklable)."""
+
+    decoders: TopicDecoders
+    writers: tuple[ExecutorWriter, ...]
+    topics: tuple[str, ...]
+    """The topic each writer's table is fed by."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = pa.Table.from_batches([batch for batch in batches if batch.num_rows])
+        counts = [0] * len(self.writers)
+        if rows.num_rows == 0:
+            yield _counts_batch(counts)
+            return
+        failure = self.decoders.new_topic(rows)
+        if failure is not None:
+            yield _counts_batch([], failure=failure)
+            return
+        for topic in pc.unique(rows.column("topic")).to_pylist():
+            decode = self.decoders.by_topic[topic]
+            try:
+                decoded = list(decode(iter(rows.filter(pc.equal(rows.column("topic"), topic)).to_batches())))
+            except RuntimeError as error:
+                if not reported_as_data(error):
+                    raise
+                yield _counts_batch([], failure=str(error))
+                return
+            if not decoded:
+                continue
+            changes = pa.Table.from_batches(decoded)
+            for index, writer in enumerate(self.writers):
+                if self.topics[index] == topic:
+                    counts[index] += writer.stage(changes)
+        yield _counts_batch(counts)
+
+
+@dataclass(frozen=True)
 class StageRowsTask:
     """Executor side: stage one partition of already decoded (or transformed) changes into sinks (picklable)."""
 
@@ -112,8 +162,11 @@ def reported_as_data(error: RuntimeError) -> bool:
 
 
 def raise_reported(failures: list[str], doing: str, pipeline_file: str) -> None:
-    """Raise what tasks reported: a schema change first (the user's to resolve), else an undecodable message.
-    Either way nothing of the batch is merged."""
+    """Raise what tasks reported: a new topic or a schema change first (the user's to resolve), else an
+    undecodable message. Either way nothing of the batch is merged."""
+    new_topics = [failure for failure in failures if failure.startswith(NEW_TOPIC_MARKER)]
+    if new_topics:
+        raise new_topic_error(min(new_topics), pipeline_file)
     changes = [failure for failure in failures if failure.startswith(SCHEMA_CHANGE_MARKER)]
     if changes:
         raise schema_change_error(changes[0], pipeline_file)
@@ -121,7 +174,9 @@ def raise_reported(failures: list[str], doing: str, pipeline_file: str) -> None:
         raise executor_error(RuntimeError(failures[0]), doing)
 
 
-def stage(rows: DataFrame, task: StageTask | StageRowsTask, batch_id: int, pipeline_file: str) -> list[int]:
+def stage(
+    rows: DataFrame, task: StageTask | RoutedStageTask | StageRowsTask, batch_id: int, pipeline_file: str
+) -> list[int]:
     """Run one staging pass over ``rows``; rows staged per writer of ``task``, in order."""
     try:
         counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
@@ -158,18 +213,24 @@ def land_batch(
     raw: DataFrame,
     batch_id: int,
     checkpoint_id: str,
-    decode: DecodeTask,
+    decode: DecodeTask | TopicDecoders,
     sinks: dict[str, BatchSink],
     pipeline_file: str = "PIPELINE.yaml",
 ) -> dict[str, SinkOutcome]:
-    """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc."""
+    """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc.
+
+    ``TopicDecoders``: the rows of a ``topic_pattern`` source, each topic landing in its own table's sinks."""
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
-    if not pending:
-        return outcome
+    if not pending and (sinks or isinstance(decode, DecodeTask)):
+        return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
     started = time.monotonic()
-    task = StageTask(
-        decode=decode, writers=tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
-    )
+    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
+    task: StageTask | RoutedStageTask
+    if isinstance(decode, TopicDecoders):
+        topics = tuple(_routed_topic(sink) for sink in pending.values())
+        task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
+    else:
+        task = StageTask(decode=decode, writers=writers)
     staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(pending, keys, staged))
@@ -181,3 +242,10 @@ def land_batch(
         time.monotonic() - staged_at,
     )
     return outcome
+
+
+def _routed_topic(sink: BatchSink) -> str:
+    """The topic whose table a sink of a ``topic_pattern`` source lands."""
+    routed = sink.sink
+    assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
+    return routed.topic

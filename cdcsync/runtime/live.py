@@ -10,6 +10,7 @@ from types import TracebackType
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from cdcsync.runtime.stream import RunSnapshot
 
@@ -33,8 +34,8 @@ def render_snapshot(snapshot: RunSnapshot) -> Group:
         sinks.add_column(column, justify="right" if column not in ("sink", "target") else "left")
     for sink_id, sink_stats in snapshot.sinks.items():
         sinks.add_row(
-            sink_id,
-            snapshot.sink_targets.get(sink_id, ""),
+            Text(sink_id),
+            Text(snapshot.sink_targets.get(sink_id, "")),
             str(sink_stats.batches),
             str(sink_stats.skipped_batches),
             f"{sink_stats.rows_in:,}",
@@ -82,7 +83,7 @@ class ProgressView:
             return
         line = snapshot_line(snapshot)
         if line != self._last_line:
-            self.console.print(line, soft_wrap=True, highlight=False)
+            self.console.print(line, soft_wrap=True, highlight=False, markup=False)
             self._last_line = line
 
     def __exit__(

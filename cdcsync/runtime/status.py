@@ -95,11 +95,17 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
     import psycopg
 
     partitions: list[PartitionStatus] = []
-    ends = _end_offsets(settings.bootstrap_servers, [s.topic for s in pipeline.sources.values()])
-    for source_id, source in pipeline.sources.items():
-        done = committed_offsets(settings.checkpoint_dir(pipeline.name, source_id)).get(source.topic, {})
-        for partition, end in sorted(ends.get(source.topic, {}).items()):
-            partitions.append(PartitionStatus(source_id, source.topic, partition, done.get(partition, 0), end))
+    topics = {  # by stream: its topic, or the known topics of a topic_pattern source
+        source_id: sorted(pipeline.routes[source_id]) if source.topic is None else [source.topic]
+        for source_id, source in pipeline.streams().items()
+    }
+    ends = _end_offsets(settings.bootstrap_servers, [topic for names in topics.values() for topic in names])
+    for source_id, source_topics in topics.items():
+        committed = committed_offsets(settings.checkpoint_dir(pipeline.name, source_id))
+        for topic in source_topics:
+            done = committed.get(topic, {})
+            for partition, end in sorted(ends.get(topic, {}).items()):
+                partitions.append(PartitionStatus(source_id, topic, partition, done.get(partition, 0), end))
 
     sinks: list[SinkStatus] = []
     try:

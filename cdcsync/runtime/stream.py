@@ -17,7 +17,6 @@ Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -29,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline
+from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
-from cdcsync.errors import CdcsyncError, SchemaChangeError, ServiceError
+from cdcsync.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.pipeline.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.pipeline.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.dbretry import with_retries
@@ -40,10 +40,10 @@ from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import DecodeSpec
-from cdcsync.sources.kafka import DecodeTask, spark_kafka_options
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
+    from pyspark import Accumulator, SparkContext
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -116,7 +116,8 @@ class BatchHandler:
         self.schema_registry = schema_registry
         self.settings = settings
         """Needed by ``schema_evolution: auto`` (migrations directory, connections)."""
-        self.spec = _decode_spec(pipeline, source_id, schema_registry)
+        self.specs = _decode_specs(pipeline, source_id, schema_registry)
+        """By source id: the source's own, or one per table of a ``topic_pattern`` source."""
         self.graph = build_graph(pipeline, source_id, dsn)
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
@@ -165,42 +166,47 @@ class BatchHandler:
             self._checkpoint_id = str(metadata["id"])
         return self._checkpoint_id
 
-    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask) -> dict[str, SinkOutcome]:
+    def _decoder(self, dead_letters: Accumulator[int]) -> DecodeTask | TopicDecoders:
+        """What decodes this source's rows on the executors: a :class:`DecodeTask`, or one per table (by topic)."""
+        writer = None if self.source.on_decode_error == "fail" else self.dead_letter_writer
+        tasks = {
+            source_id: DecodeTask(spec=spec, dead_letters=writer, dead_letter_count=dead_letters)
+            for source_id, spec in self.specs.items()
+        }
+        route = self.pipeline.routes.get(self.source_id)
+        if route is None:
+            return tasks[self.source_id]
+        return TopicDecoders(self.source_id, {topic: tasks[table_id] for topic, table_id in route.items()})
+
+    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
         if self.graph is None:
             land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file)
         else:
+            assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
             land = functools.partial(
                 land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks, pipeline_file
             )
         return with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
 
-    def _evolve(self, change: SchemaChangeError, batch_id: int) -> None:
-        """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns (so
-        a later ``init`` writes nothing and the next ``run`` finds nothing pending), apply it, and carry on with
-        the pipeline as a restarted ``run`` would load it. The batch is then landed again, new columns and all."""
+    def _evolve(self, change: SchemaChangeError | NewTopicError, batch_id: int) -> None:
+        """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns, or
+        for the new table of a ``topic_pattern`` source (so a later ``init`` writes nothing and the next ``run``
+        finds nothing pending), apply it, and carry on with the pipeline as a restarted ``run`` would load it. The
+        batch is then landed again, new columns (or table) and all."""
         assert self.settings is not None
         import psycopg
 
-        from cdcsync.config.pipeline import SourceSchema, load_pipeline
-        from cdcsync.sources.introspect import merge
+        from cdcsync.config.pipeline import load_pipeline
         from cdcsync.sql import clickhouse_migrations, migrations
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
         migrations_dir = self.settings.migrations_dir
-        seen = SourceSchema(
-            columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
-            origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
-        )
-        evolved = merge(self.pipeline.source_schemas.get(self.source_id), seen)
-        recorded = migrations.recorded_lookup(migrations_dir)
-
-        def with_evolved(pipeline_name: str, source_id: str, source: KafkaSource) -> Any:
-            return evolved if source_id == self.source_id else recorded(pipeline_name, source_id, source)
-
+        changed_id, schema, what = self._evolved_schema(change)
         with _EVOLVE_LOCK:
-            wanted = load_pipeline(self.pipeline.path, with_evolved)
+            recorded = migrations.recorded_lookup(migrations_dir)
+            wanted = load_pipeline(self.pipeline.path, evolved_lookup(recorded, changed_id, change.topic, schema))
             written = [*migrations.init(wanted, migrations_dir), *clickhouse_migrations.init(wanted, migrations_dir)]
             with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
                 migrations.apply_pending(conn, wanted.name, migrations_dir)
@@ -209,48 +215,67 @@ class BatchHandler:
 
                 client = connect_from_settings(self.settings)
                 clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
-            self.pipeline = load_pipeline(self.pipeline.path, recorded)
+            # a fresh lookup: ``recorded`` cached the state before this migration
+            self.pipeline = load_pipeline(self.pipeline.path, migrations.recorded_lookup(migrations_dir))
         self.source = self.pipeline.sources[self.source_id]
-        before, self.spec = self.spec, _decode_spec(self.pipeline, self.source_id, self.schema_registry)
-        if self.spec.columns == before.columns:  # nothing was added: landing again would stop the same way
-            raise change.add_context("schema_evolution: auto added no column")
+        before, self.specs = self.specs, _decode_specs(self.pipeline, self.source_id, self.schema_registry)
+        if changed_id not in self.specs or (
+            changed_id in before and self.specs[changed_id].columns == before[changed_id].columns
+        ):  # landing again would stop the same way
+            raise change.add_context("schema_evolution: auto changed nothing")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
         log.warning(
-            "source '%s': schema_evolution auto: topic %s gained column(s) %s at partition %d, offset %d; "
-            "wrote and applied %s; landing batch %d again",
+            "source '%s': schema_evolution auto: topic %s %s at partition %d, offset %d; wrote and applied %s; "
+            "landing batch %d again",
             self.source_id,
             change.topic,
-            ", ".join(change.added),
+            what,
             change.partition,
             change.offset,
             ", ".join(str(path) for path in written) or "no migration (already written)",
             batch_id,
         )
 
+    def _evolved_schema(self, change: SchemaChangeError | NewTopicError) -> tuple[str, SourceSchema, str]:
+        """(source id, its schema from now on, what happened) for a change ``schema_evolution: auto`` handles."""
+        from cdcsync.sources.introspect import introspect, merge
+
+        if isinstance(change, NewTopicError):  # a new table: its schema, as init would read it
+            assert self.settings is not None
+            table = self.source.model_copy(update={"topic": change.topic, "topic_pattern": None})
+            found = introspect(table, self.settings)
+            if isinstance(found, str) or found.unmapped:
+                why = found if isinstance(found, str) else f"column '{found.unmapped[0][0]}': {found.unmapped[0][1]}"
+                raise change.add_context(f"schema_evolution: auto cannot read the new table's schema: {why}")
+            return table_source_id(self.source_id, change.topic), found, "is a new source table"
+        seen = SourceSchema(
+            columns=tuple((name, type_text) for name, type_text, _ in change.fields if type_text is not None),
+            origin=f"topic {change.topic} (partition {change.partition}, offset {change.offset})",
+        )
+        evolved = merge(self.pipeline.source_schemas.get(change.source_id), seen)
+        return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
         dead_letters = self.spark_context.accumulator(0)
-        decode = DecodeTask(
-            spec=self.spec,
-            dead_letters=None if self.source.on_decode_error == "fail" else self.dead_letter_writer,
-            dead_letter_count=dead_letters,
-        )
+        decode = self._decoder(dead_letters)
         evolutions = 0
         while True:
             try:
                 outcome = self._land(raw, batch_id, decode)
                 break
-            except SchemaChangeError as change:
+            except (SchemaChangeError, NewTopicError) as change:
                 evolutions += 1
                 auto = self.source.schema_evolution == "auto" and self.settings is not None
-                if not (auto and change.additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
+                additive = isinstance(change, NewTopicError) or change.additive
+                if not (auto and additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
                     raise
                 self._evolve(change, batch_id)
-                decode = dataclasses.replace(decode, spec=self.spec)
+                decode = self._decoder(dead_letters)
         for sink_id, result in outcome.items():
-            stats = self.sink_stats[sink_id]
+            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
             stats.batches += 1
             stats.skipped_batches += int(result.skipped)
             stats.rows_in += result.rows_staged
@@ -289,15 +314,16 @@ class PipelineRunner:
             pipeline=self.pipeline.name,
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
-            sink_targets={
+            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
                 sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for sid, s in self.pipeline.sinks.items()
+                for handler in self.handlers.values()
+                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
             },
             elapsed=time.monotonic() - self._started,
         )
 
     def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
-        for source_id, source in self.pipeline.sources.items():
+        for source_id, source in self.pipeline.streams().items():
             self._start_query(spark, source_id, source)
         try:
             self._supervise(on_progress)
@@ -406,12 +432,33 @@ def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | N
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
 
 
-def _decode_spec(pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None) -> DecodeSpec:
-    """The source's decode spec, with the schema types ``init`` recorded (to notice a type change)."""
-    schema = pipeline.source_schemas.get(source_id)
-    return DecodeSpec.from_source(
-        source_id, pipeline.sources[source_id], schema_registry, schema.columns if schema is not None else ()
-    )
+def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
+    """``recorded`` with ``schema`` as the schema of source ``changed_id``, which reads ``topic``: a source of
+    its own, or a table (new or not) of a ``topic_pattern`` source."""
+
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
+        found = recorded(pipeline_name, source_id, source)
+        if source_id == changed_id:
+            return schema
+        if isinstance(found, dict) and table_source_id(source_id, topic) == changed_id:
+            return {**found, topic: schema}
+        return found
+
+    return lookup
+
+
+def _decode_specs(
+    pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None
+) -> dict[str, DecodeSpec]:
+    """The decode spec of the source (of each of its tables, for a ``topic_pattern`` source), with the schema
+    types ``init`` recorded (to notice a type change)."""
+    specs = {}
+    for decoded_id in pipeline.routes.get(source_id, {source_id: source_id}).values():
+        schema = pipeline.source_schemas.get(decoded_id)
+        specs[decoded_id] = DecodeSpec.from_source(
+            decoded_id, pipeline.sources[decoded_id], schema_registry, schema.columns if schema is not None else ()
+        )
+    return specs
 
 
 def _lag(source_progress: dict[str, Any]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import AnySink, Pipeline
+from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.types import PgType
 from cdcsync.errors import SinkError
 from cdcsync.runtime.dbretry import classify_postgres_error
@@ -183,12 +183,13 @@ class PostgresUpsertSink(LedgeredSink):
         self.toastable = {name: kind for name, pg in columns.items() if (kind := _toast_kind(pg)) is not None}
         """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb,
         text[], integer[])."""
-        stage = (names.INTERNAL_SCHEMA, names.stage_table(pipeline.name, sink_id))
+        stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
+        stage = (names.INTERNAL_SCHEMA, stage_table)
         target = (sink.schema_, sink.table)
         template_values: dict[str, Any] = {
             "stage": stage,
             "target": target,
-            "tombstones": (names.INTERNAL_SCHEMA, names.tombstone_table(pipeline.name, sink_id)),
+            "tombstones": (names.INTERNAL_SCHEMA, tombstone_table),
             "columns": self.columns,
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,

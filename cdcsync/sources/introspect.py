@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import KafkaSource, SchemaLookup, SourceSchema
+from cdcsync.config.pipeline import KafkaSource, SchemaLookup, SourceSchema, TopicSchemas
 from cdcsync.sources.debezium import connect_pg_type, row_fields, struct_fields
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def merge(recorded: SourceSchema | None, fresh: SourceSchema) -> SourceSchema:
 
 def introspect(source: KafkaSource, settings: Settings, timeout_s: float = TIMEOUT_S) -> SourceSchema | str:
     """The source's schema, or why it cannot be read (a sentence naming the topic or registry subject)."""
+    assert source.topic is not None, "a topic_pattern source is introspected topic by topic"
     if source.format == "avro":
         return _from_registry(source.topic, settings)
     return _from_topic(source.topic, settings, timeout_s)
@@ -221,7 +222,9 @@ def init_lookup(settings: Settings, migrations_dir: Path | str, notes: list[str]
     source with neither is a validation problem naming the reason."""
     from cdcsync.sql.migrations import recorded_schemas
 
-    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | str | None:
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
+        if source.topic_pattern is not None:
+            return _tables(recorded_schemas(migrations_dir, pipeline_name), source_id, source, settings, notes)
         topic, recorded = recorded_schemas(migrations_dir, pipeline_name).get(source_id, (None, None))
         if topic != source.topic:
             recorded = None
@@ -237,3 +240,57 @@ def init_lookup(settings: Settings, migrations_dir: Path | str, notes: list[str]
         return f"cannot be read: {fresh}; declare them here (name: Postgres type)"
 
     return lookup
+
+
+# ---- topic_pattern sources -----------------------------------------------------------------------------------
+
+
+def _tables(
+    recorded: dict[str, tuple[str, SourceSchema]],
+    source_id: str,
+    source: KafkaSource,
+    settings: Settings,
+    notes: list[str],
+) -> TopicSchemas | str:
+    """Each table of a ``topic_pattern`` source: the matching topics Kafka lists now, each introspected and merged
+    with what was recorded, plus recorded ones Kafka no longer lists (their mirrors stay). A listed topic whose
+    schema cannot be read yet (no message) is left for a later ``init``, with a note."""
+    from cdcsync.sql.migrations import recorded_tables
+
+    assert source.topic_pattern is not None
+    tables: TopicSchemas = dict(recorded_tables(recorded, source_id, source.topic_pattern))
+    listed = matching_topics(source.topic_pattern, settings)
+    if isinstance(listed, str):
+        if not tables:
+            return f"cannot list the topics matching it: {listed}"
+        notes.append(f"source '{source_id}': {listed}; kept the tables recorded before")
+        return tables
+    for topic in listed:
+        fresh = introspect(source.model_copy(update={"topic": topic, "topic_pattern": None}), settings)
+        known = tables.get(topic)
+        if isinstance(fresh, SourceSchema):
+            tables[topic] = merge(known if isinstance(known, SourceSchema) else None, fresh)
+        elif known is None:
+            notes.append(f"source '{source_id}': skipped topic {topic} for now: {fresh}; run init again later")
+    if not tables:
+        notes.append(f"source '{source_id}': no topic matching '{source.topic_pattern}' has messages yet")
+    return tables
+
+
+def matching_topics(pattern: str, settings: Settings, timeout_s: float = TIMEOUT_S) -> list[str] | str:
+    """The topics whose whole name matches ``pattern``, sorted (Kafka's internal ``__`` topics never match), or
+    why Kafka could not list them."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from cdcsync.config.routing import matches
+
+    if not _any_reachable(settings.bootstrap_servers, min(timeout_s, 3.0)):
+        return f"Kafka at {settings.bootstrap_servers} cannot be reached"
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka.options}
+    config["log_level"] = 0
+    try:
+        metadata = AdminClient(config).list_topics(timeout=timeout_s)
+    except (KafkaException, ValueError, TypeError) as error:
+        return f"Kafka at {settings.bootstrap_servers} did not list its topics: {error}"
+    return sorted(topic for topic in metadata.topics if not topic.startswith("__") and matches(pattern, topic))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
-from cdcsync.errors import SchemaChangeError, ServiceError
+from cdcsync.errors import NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sources.debezium import CDC_COLUMNS, SCHEMA_CHANGE_MARKER, DecodeSpec, decode_batches
@@ -37,14 +37,21 @@ FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.
 """Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
 
 
+NEW_TOPIC_MARKER = "[cdcsync:new-topic]"
+"""Starts the failure a task reports for a message of a matching topic its ``topic_pattern`` source lacks."""
+
+
 def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:
     """Options of Spark's Kafka source: settings' native client keys, ours, then the source's own verbatim."""
     options = dict(FETCH_DEFAULTS)
     options.update({f"kafka.{key}": value for key, value in settings.kafka.options.items()})
+    subscription = (
+        ("subscribePattern", source.topic_pattern) if source.topic_pattern is not None else ("subscribe", source.topic)
+    )
     options.update(
         {
             "kafka.bootstrap.servers": settings.bootstrap_servers,
-            "subscribe": source.topic,
+            subscription[0]: str(subscription[1]),
             "startingOffsets": source.starting_offsets,
             "includeHeaders": "true",
             "groupIdPrefix": f"cdcsync-{pipeline_name}",
@@ -83,6 +90,40 @@ class DecodeTask:
                 decoded = decoded.filter(pc.invert(bad))
             if decoded.num_rows:
                 yield decoded.select(keep)
+
+
+@dataclass(frozen=True)
+class TopicDecoders:
+    """Executor side of decoding a ``topic_pattern`` source (picklable): a :class:`DecodeTask` per known topic,
+    each with its table's columns and key."""
+
+    source_id: str
+    by_topic: dict[str, DecodeTask]
+
+    def new_topic(self, rows: pa.Table) -> str | None:
+        """The failure for the first row of a topic none decodes, or None when every topic is known."""
+        import pyarrow.compute as pc
+
+        topics = rows.column("topic")
+        unknown = [topic for topic in pc.unique(topics).to_pylist() if topic not in self.by_topic]
+        if not unknown:
+            return None
+        first = rows.filter(pc.equal(topics, unknown[0])).slice(0, 1).to_pylist()[0]
+        detail = {"source": self.source_id, "topic": first["topic"], "partition": first["partition"]}
+        detail["offset"] = first["offset"]
+        return f"{NEW_TOPIC_MARKER} {json.dumps(detail, separators=(',', ':'))}"
+
+
+def new_topic_error(failure: str, pipeline_file: str = "PIPELINE.yaml") -> NewTopicError:
+    """The driver's error for a failure :meth:`TopicDecoders.new_topic` reported."""
+    detail = json.loads(failure[failure.index(NEW_TOPIC_MARKER) + len(NEW_TOPIC_MARKER) :])
+    return NewTopicError(
+        source_id=detail["source"],
+        topic=detail["topic"],
+        partition=detail["partition"],
+        offset=detail["offset"],
+        pipeline_file=pipeline_file,
+    )
 
 
 def _schema_change(source_id: str, changed: pa.RecordBatch) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import cdcsync
 from cdcsync.config.aggregate import resolve as resolve_aggregation
-from cdcsync.config.pipeline import NO_COLUMNS, PostgresAggregateSink
+from cdcsync.config.pipeline import NO_COLUMNS, PostgresAggregateSink, internal_tables
 from cdcsync.errors import CdcsyncError, MigrationError, ServiceError
 from cdcsync.sql import names
 from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, render
@@ -44,7 +44,7 @@ from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, rende
 if TYPE_CHECKING:
     import psycopg
 
-    from cdcsync.config.pipeline import KafkaSource, Pipeline, SchemaLookup, SourceSchema
+    from cdcsync.config.pipeline import KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
@@ -106,14 +106,15 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     for sink_id in sorted(postgres_sinks):
         sink = postgres_sinks[sink_id]
         columns = pipeline.columns_of(sink.from_)
+        stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
         sinks[sink_id] = {
             "schema": sink.schema_,
             "table": sink.table,
             "columns": [{"name": name, "type": pg_type.sql} for name, pg_type in columns.items()],
             "primary_key": list(pipeline.sink_primary_key(sink)),
             "delete_mode": sink.delete_mode,
-            "stage_table": names.stage_table(pipeline.name, sink_id),
-            "tombstone_table": names.tombstone_table(pipeline.name, sink_id) if sink.delete_mode == "hard" else None,
+            "stage_table": stage_table,
+            "tombstone_table": tombstone_table if sink.delete_mode == "hard" else None,
         }
         if isinstance(sink, PostgresAggregateSink):
             sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, columns)
@@ -185,14 +186,30 @@ def recorded_schemas(migrations_dir: Path | str, pipeline_name: str) -> dict[str
     return recorded
 
 
+def recorded_tables(
+    recorded: dict[str, tuple[str, SourceSchema]], source_id: str, pattern: str
+) -> dict[str, SourceSchema | str]:
+    """The tables of ``topic_pattern`` source ``source_id`` that the migrations record (topic -> schema): those
+    ``init`` found, as long as their topic still matches the pattern."""
+    from cdcsync.config.routing import matches, table_source_id
+
+    return {
+        topic: schema
+        for table_id, (topic, schema) in recorded.items()
+        if table_id == table_source_id(source_id, topic) and matches(pattern, topic)
+    }
+
+
 def recorded_lookup(migrations_dir: Path | str) -> SchemaLookup:
     """A ``schema_for`` for :func:`~cdcsync.config.pipeline.load_pipeline`: the schemas recorded in the
     migrations. A source whose topic changed since has none (``init`` reads the new topic's)."""
     cache: dict[str, dict[str, tuple[str, SourceSchema]]] = {}
 
-    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | str | None:
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
         if pipeline_name not in cache:
             cache[pipeline_name] = recorded_schemas(migrations_dir, pipeline_name)
+        if source.topic_pattern is not None:
+            return recorded_tables(cache[pipeline_name], source_id, source.topic_pattern)
         topic, schema = cache[pipeline_name].get(source_id, (None, None))
         if schema is None or topic != source.topic:
             directory = migrations_path(migrations_dir, pipeline_name)
