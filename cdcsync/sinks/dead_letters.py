@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdcsync.runtime.executor_errors import task_failure
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sinks.pgcopy import arrow_to_copy_csv, copy_then_insert
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -50,12 +50,7 @@ class DeadLetterWriter:
                 *(bad.column(c) for c in DEAD_LETTER_COLUMNS),
             ]
         )
-        create, copy_sql, insert = self.statements
         try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction(), conn.cursor() as cur:
-                cur.execute(create)
-                with cur.copy(copy_sql) as copy:
-                    copy.write(payload)
-                return cur.execute(insert).rowcount
+            return copy_then_insert(self.dsn, self.statements, payload)
         except psycopg.Error as error:
             raise task_failure(f"recording dead letters of source '{self.source_id}' failed", error) from None

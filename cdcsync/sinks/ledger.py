@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.errors import SinkError
+from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -35,3 +37,10 @@ class LedgeredSink:
             "checkpoint_id": checkpoint_id,
             "batch_id": batch_id,
         }
+
+    def _error(self, doing: str, error: Exception) -> SinkError:
+        """A Postgres failure as this sink's error: what it was doing, the first line of the cause, retriable
+        when a retry may help."""
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        failure = SinkError(f"{doing}: {message}", retriable=classify_postgres_error(error))
+        return failure.add_context(self.label)  # type: ignore[return-value]

@@ -50,6 +50,22 @@ def array_literal(values: list[Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def copy_then_insert(
+    dsn: str, statements: tuple[str, str, str], payload: bytes, params: dict[str, Any] | None = None
+) -> int:
+    """One transaction: create a temp table, COPY ``payload`` into it, then run the insert that moves its rows
+    into place (``params`` for that insert); returns the insert's row count. Executors use it for writes that
+    must be idempotent (``ON CONFLICT DO NOTHING``), which a plain COPY cannot be. Raises psycopg's errors."""
+    import psycopg
+
+    create, copy_sql, insert = statements
+    with psycopg.connect(dsn) as conn, conn.transaction(), conn.cursor() as cur:
+        cur.execute(create)
+        with cur.copy(copy_sql) as copy:
+            copy.write(payload)
+        return cur.execute(insert, params).rowcount
+
+
 def arrow_to_copy_csv(arrays: list[pa.Array | pa.ChunkedArray]) -> bytes:
     import pyarrow as pa
     import pyarrow.csv as pacsv

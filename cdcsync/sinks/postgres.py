@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.types import PgType
-from cdcsync.errors import SinkError
-from cdcsync.runtime.dbretry import classify_postgres_error
 from cdcsync.runtime.executor_errors import task_failure
 from cdcsync.sinks.ledger import LedgeredSink
 from cdcsync.sinks.pgcopy import arrow_to_copy_csv
@@ -262,11 +260,6 @@ class PostgresUpsertSink(LedgeredSink):
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
         return merged
-
-    def _error(self, doing: str, error: Exception) -> SinkError:
-        retriable = classify_postgres_error(error)
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return SinkError(f"{doing}: {message}", retriable=retriable).add_context(self.label)  # type: ignore[return-value]
 
 
 class _AlreadyMerged(Exception):

@@ -25,11 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.errors import MigrationError, SinkError
-from cdcsync.runtime.dbretry import classify_postgres_error
+from cdcsync.errors import MigrationError
 from cdcsync.runtime.executor_errors import task_failure
 from cdcsync.sinks.ledger import LedgeredSink
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.sinks.pgcopy import arrow_to_copy_csv, copy_then_insert
 from cdcsync.sql.render import render
 from cdcsync.transforms.plan import DynamicTableSpec
 
@@ -58,13 +57,9 @@ class KeyWriter:
         keys = [batch.column("key") for batch in batches if batch.num_rows]
         written = 0
         if keys:
-            create, copy_sql, insert = self.statements
+            payload = arrow_to_copy_csv([pa.chunked_array(keys)])
             try:
-                with psycopg.connect(self.dsn) as conn, conn.transaction(), conn.cursor() as cur:
-                    cur.execute(create)
-                    with cur.copy(copy_sql) as copy:
-                        copy.write(arrow_to_copy_csv([pa.chunked_array(keys)]))
-                    written = max(cur.execute(insert, self.params).rowcount, 0)
+                written = max(copy_then_insert(self.dsn, self.statements, payload, self.params), 0)
             except psycopg.Error as error:
                 raise task_failure(f"{self.label}: writing keys of batch {self.params['batch_id']}", error) from None
         yield pa.RecordBatch.from_pydict({"rows": [written]}, schema=pa.schema([("rows", pa.int64())]))
@@ -203,8 +198,3 @@ class DynamicTable(LedgeredSink):
         except psycopg.Error as error:
             raise self._error(f"recording batch {batch_id}", error) from None
         return written
-
-    def _error(self, doing: str, error: Exception) -> SinkError:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        failure = SinkError(f"{doing}: {message}", retriable=classify_postgres_error(error))
-        return failure.add_context(self.label)  # type: ignore[return-value]
