@@ -27,6 +27,7 @@ jars: $(JARS_STAMP)
 lint: install
 	$(BIN)/ruff check cdcsync tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: jars lint
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
 from cdcsync.config.pipeline import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
+from cdcsync.db.clickhouse import connect
 from cdcsync.devstack import workload
+from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations import postgres as migrations
 from cdcsync.runtime.spark import build_spark_session
 from cdcsync.runtime.stream import PipelineRunner
-from cdcsync.sinks.clickhouse import connect
-from cdcsync.sql import clickhouse_migrations, migrations
 
 
 def main() -> None:

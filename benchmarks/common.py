@@ -97,7 +97,7 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
     import psycopg
 
     from cdcsync.config.settings import load_settings
-    from cdcsync.sql import migrations
+    from cdcsync.migrations import postgres as migrations
 
     settings = load_settings(
         postgres__dsn=dsn,

@@ -205,7 +205,7 @@ def mirror(
     """Migrations into a fresh database, then the pipeline ``--available-now``, timed."""
     import psycopg
 
-    from cdcsync.sql import migrations
+    from cdcsync.migrations import postgres as migrations
 
     one.dsn = fresh_database(admin_dsn, "bench")
     source: dict[str, Any] = {

@@ -22,7 +22,7 @@ from rich.text import Text
 from cdcsync import __version__
 from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
 from cdcsync.config.settings import Settings, load_settings, redact_dsn
-from cdcsync.errors import CdcsyncError, exit_code_for
+from cdcsync.core.errors import CdcsyncError, exit_code_for
 
 app = typer.Typer(
     name="cdcsync",
@@ -100,7 +100,7 @@ def _settings(migrations_dir: Path | None = None) -> Settings:
 
 def _pipeline(path: Path, settings: Settings) -> Pipeline:
     """The pipeline, its sources' columns completed from what the migrations recorded (no registry, no Kafka)."""
-    from cdcsync.sql.migrations import recorded_lookup
+    from cdcsync.migrations.postgres import recorded_lookup
 
     return load_pipeline(path, recorded_lookup(settings.migrations_dir))
 
@@ -131,8 +131,9 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
 def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
     """Read each source's columns from its topic's schema (schema registry for Avro, the newest messages for JSON;
     declared `columns:` override them) and render the DDL into the next numbered migration file(s) for review."""
+    from cdcsync.migrations import clickhouse as clickhouse_migrations
+    from cdcsync.migrations import postgres as migrations
     from cdcsync.sources.introspect import init_lookup
-    from cdcsync.sql import clickhouse_migrations, migrations
 
     settings = _settings(migrations_dir)
     notes: list[str] = []
@@ -159,8 +160,9 @@ def migrate(
 ) -> None:
     """Apply pending migrations to Postgres and, for ClickHouse sinks, ClickHouse (development and demos; a DBA
     may use psql / clickhouse-client instead)."""
-    from cdcsync.sinks.clickhouse import connect_from_settings
-    from cdcsync.sql import clickhouse_migrations, migrations
+    from cdcsync.db.clickhouse import connect_from_settings
+    from cdcsync.migrations import clickhouse as clickhouse_migrations
+    from cdcsync.migrations import postgres as migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
@@ -188,7 +190,7 @@ def migrate(
 def _connect(settings: Settings) -> Any:
     import psycopg
 
-    from cdcsync.errors import ServiceError
+    from cdcsync.core.errors import ServiceError
 
     try:
         return psycopg.connect(settings.postgres_dsn, connect_timeout=10)
@@ -214,12 +216,12 @@ def run(
     migrations_dir: MigrationsDirOpt = None,
 ) -> None:
     """Stream the pipeline. Ctrl-C (or SIGTERM) finishes the current batch and exits cleanly."""
+    from cdcsync.migrations import postgres as migrations
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
     from cdcsync.sinks.clickhouse import startup_check
     from cdcsync.sources.kafka import check_kafka_reachable
-    from cdcsync.sql import migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)

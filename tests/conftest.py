@@ -273,8 +273,8 @@ def debezium_connect(services: Services) -> Iterator[DebeziumConnect]:
     """
     from psycopg.conninfo import conninfo_to_dict
 
+    from cdcsync.core.errors import CdcsyncError, DependencyError
     from cdcsync.devstack import DevStackConfig, debezium
-    from cdcsync.errors import CdcsyncError, DependencyError
 
     pg = conninfo_to_dict(services.postgres_dsn)
     pg_host, pg_port = str(pg.get("host") or "127.0.0.1"), int(pg.get("port") or 5432)

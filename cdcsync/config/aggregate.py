@@ -1,7 +1,7 @@
 """What a ``postgres_aggregate`` sink's YAML means in columns and types, decided in one place.
 
 Validation (:mod:`cdcsync.config.pipeline`) reports the problems this module finds; the migration planner
-(:mod:`cdcsync.sql.migrations`) turns a resolved sink into the state its templates render. Default result types
+(:mod:`cdcsync.migrations.postgres`) turns a resolved sink into the state its templates render. Default result types
 follow Postgres' own aggregate functions (``sum(integer)`` is ``bigint``, ``sum(bigint)`` and ``avg`` of exact
 types are ``numeric``), so that the aggregation table holds exactly what ``SELECT fn(x) ... GROUP BY`` returns.
 """

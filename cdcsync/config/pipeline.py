@@ -2,7 +2,7 @@
 
 Vocabulary follows Streamling (``sources`` / ``transforms`` / ``sinks``, ``from``, ``primary_key``) so that a
 Streamling pipeline reads naturally here. Validation runs before Spark starts: :func:`load_pipeline` either
-returns a fully checked :class:`Pipeline` or raises :class:`~cdcsync.errors.ConfigError` listing *every*
+returns a fully checked :class:`Pipeline` or raises :class:`~cdcsync.core.errors.ConfigError` listing *every*
 problem as ``path.to.key: what is wrong``.
 """
 
@@ -20,12 +20,12 @@ from pydantic import BaseModel, Field, SkipValidation, ValidationError, field_va
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.plan import PipelinePlan, TransformStep
 from cdcsync.config.routing import check_pattern, placeholders, render_name, table_sink_id, table_source_id
 from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
-from cdcsync.errors import ConfigError
-from cdcsync.sql import names
-from cdcsync.transforms.plan import PipelinePlan, TransformStep
+from cdcsync.core import names
+from cdcsync.core.errors import ConfigError
 
 METADATA_COLUMNS: tuple[str, ...] = (
     "_cdc_op",
@@ -331,7 +331,7 @@ class Pipeline(_Model):
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
     plan: SkipValidation[PipelinePlan] = Field(default_factory=PipelinePlan, exclude=True)
-    """The transform graph as validated; the runtime executes it (:mod:`cdcsync.transforms.plan`)."""
+    """The transform graph as validated; the runtime executes it (:mod:`cdcsync.config.plan`)."""
 
     def root_of(self, node_id: str) -> str:
         """The source whose micro-batches feed ``node_id`` (a source, or a SQL transform)."""
@@ -638,7 +638,7 @@ def _plan(
     invalid = declared - set(sources) - set(transforms)
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     if transforms:
-        from cdcsync.transforms.compile import build_plan
+        from cdcsync.config.compile import build_plan
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))

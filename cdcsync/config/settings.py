@@ -24,7 +24,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from cdcsync.errors import ConfigError
+from cdcsync.core.errors import ConfigError
 
 SETTINGS_FILE_ENV = "CDCSYNC_CONFIG"
 DEFAULT_SETTINGS_FILE = Path("cdcsync.yaml")

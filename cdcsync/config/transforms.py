@@ -1,8 +1,8 @@
 """The ``transforms:`` entries of a pipeline: SQL transforms and dynamic lookup tables (Streamling's vocabulary).
 
 These models check only the shape of each entry. What the SQL means (its input, its output columns and types,
-what it is allowed to do) is decided by :mod:`cdcsync.transforms.compile`, which builds the
-:class:`~cdcsync.transforms.plan.PipelinePlan` the runtime executes.
+what it is allowed to do) is decided by :mod:`cdcsync.config.compile`, which builds the
+:class:`~cdcsync.config.plan.PipelinePlan` the runtime executes.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import cdcsync
+from cdcsync.core.errors import DependencyError
 from cdcsync.devstack.common import (
     LOOPBACK,
     DevStackConfig,
@@ -30,7 +31,6 @@ from cdcsync.devstack.common import (
     startup_failure,
     stop_pid,
 )
-from cdcsync.errors import DependencyError
 
 NAME = "clickhouse"
 USER = "default"

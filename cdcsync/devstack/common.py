@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cdcsync.errors import ServiceError
+from cdcsync.core.errors import ServiceError
 
 LOOPBACK = "127.0.0.1"
 

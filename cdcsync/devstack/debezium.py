@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from cdcsync.core.errors import ConfigError, ServiceError
 from cdcsync.devstack import postgres, schema_registry
 from cdcsync.devstack.common import (
     LOOPBACK,
@@ -52,7 +53,6 @@ from cdcsync.devstack.common import (
     startup_failure,
     stop_pid,
 )
-from cdcsync.errors import ConfigError, ServiceError
 
 NAME = "debezium"
 DEFAULT_CONNECTOR = "cdcsync-source"
@@ -623,5 +623,5 @@ def drop_replication_slot(dsn: str, slot_name: str, timeout_s: float = 30.0) -> 
 
 
 def check_java() -> None:
-    """Raise :class:`~cdcsync.errors.DependencyError` when no Java runtime is available (tests skip on it)."""
+    """Raise :class:`~cdcsync.core.errors.DependencyError` when no Java runtime is available (tests skip on it)."""
     _java()

@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from cdcsync.core.errors import DependencyError
 from cdcsync.devstack.common import (
     LOOPBACK,
     DevStackConfig,
@@ -28,7 +29,6 @@ from cdcsync.devstack.common import (
     startup_failure,
     stop_pid,
 )
-from cdcsync.errors import DependencyError
 
 NAME = "kafka"
 NODE_ID = 1

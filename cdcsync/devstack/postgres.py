@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdcsync.core.errors import DependencyError, ServiceError
 from cdcsync.devstack.common import (
     LOOPBACK,
     DevStackConfig,
@@ -36,7 +37,6 @@ from cdcsync.devstack.common import (
     startup_failure,
     stop_pid,
 )
-from cdcsync.errors import DependencyError, ServiceError
 
 NAME = "postgres"
 USER = "cdcsync"

@@ -40,7 +40,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.errors import CdcsyncError, ServiceError
+from cdcsync.core.errors import CdcsyncError, ServiceError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -545,7 +545,7 @@ def produce(
 ) -> int:
     """Send ``events`` in order, keyed (one partition per key, Java's murmur2 partitioner), creating ``topic``
     with ``partitions`` partitions first if it is absent. Returns the number of messages delivered; raises
-    :class:`~cdcsync.errors.ServiceError` if any delivery fails or is still pending after ``timeout`` seconds."""
+    :class:`~cdcsync.core.errors.ServiceError` if any delivery fails or is still pending after ``timeout`` seconds."""
     from confluent_kafka import KafkaException, Producer
 
     ensure_topic(bootstrap_servers, topic, partitions, timeout=timeout)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdcsync.errors import DependencyError, ServiceError
+from cdcsync.core.errors import DependencyError, ServiceError
 
 DEFAULT_REPOSITORY_URL = "https://repo1.maven.org/maven2"
 REPOSITORY_URL_ENV = "CDCSYNC__MAVEN__REPOSITORY_URL"

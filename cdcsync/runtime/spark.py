@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdcsync.config.settings import Settings
-from cdcsync.errors import DependencyError
+from cdcsync.core.errors import DependencyError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,7 +79,7 @@ def _import_executor_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     import pyarrow.compute
     import pyarrow.csv  # noqa: F401
 
-    import cdcsync.pipeline.batch  # noqa: F401
+    import cdcsync.engine.batch  # noqa: F401
 
     yield from batches
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.settings import Settings, redact_dsn
-from cdcsync.errors import ServiceError
+from cdcsync.core.errors import ServiceError
 from cdcsync.sql.render import render
 
 
@@ -146,7 +146,7 @@ def _clickhouse_status(
     conn: Any, pipeline: Pipeline, settings: Settings, sink_id: str, sink: ClickHouseSink
 ) -> SinkStatus:
     """Last batch from the Postgres ledger; rows are the table's current rows (``FINAL``, not deleted)."""
-    from cdcsync.sinks.clickhouse import connect_from_settings, count_rows
+    from cdcsync.db.clickhouse import connect_from_settings, count_rows
 
     last = conn.execute(
         render("postgres/runtime/ledger_last_batch.sql.j2"), {"pipeline": pipeline.name, "sink": sink_id}

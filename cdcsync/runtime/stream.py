@@ -5,9 +5,9 @@ Each micro-batch (``BatchHandler``):
 
 decodes the Kafka rows on the executors (:class:`cdcsync.sources.kafka.DecodeTask`), whose tasks also send
 undecodable messages to ``cdcsync.dead_letters`` (or fail, under ``on_decode_error: fail``), and lands the
-changes in every sink fed by the source, each exactly once through its ledger (:mod:`cdcsync.pipeline.batch`).
+changes in every sink fed by the source, each exactly once through its ledger (:mod:`cdcsync.engine.batch`).
 
-Transient failures (see :mod:`cdcsync.runtime.dbretry`) are retried with backoff inside the batch; anything else
+Transient failures (see :mod:`cdcsync.db.retry`) are retried with backoff inside the batch; anything else
 fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
 the ledgers skip what already landed.
 
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
-from cdcsync.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
-from cdcsync.pipeline.batch import BatchSink, SinkOutcome, land_batch
-from cdcsync.pipeline.graph import SourceGraph, land_graph_batch
-from cdcsync.runtime.dbretry import with_retries
+from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
+from cdcsync.db.dead_letters import DeadLetterWriter
+from cdcsync.db.retry import with_retries
+from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
+from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
-from cdcsync.sinks.dead_letters import DeadLetterWriter
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import DecodeSpec
@@ -198,7 +198,8 @@ class BatchHandler:
         import psycopg
 
         from cdcsync.config.pipeline import load_pipeline
-        from cdcsync.sql import clickhouse_migrations, migrations
+        from cdcsync.migrations import clickhouse as clickhouse_migrations
+        from cdcsync.migrations import postgres as migrations
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
@@ -211,7 +212,7 @@ class BatchHandler:
             with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
                 migrations.apply_pending(conn, wanted.name, migrations_dir)
             if wanted.clickhouse_sinks():
-                from cdcsync.sinks.clickhouse import connect_from_settings
+                from cdcsync.db.clickhouse import connect_from_settings
 
                 client = connect_from_settings(self.settings)
                 clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)

@@ -1,6 +1,6 @@
 """ClickHouse sink: versioned rows in a ``ReplacingMergeTree(_version, _is_deleted)`` table, exactly-once effects.
 
-How a micro-batch lands (orchestrated by :mod:`cdcsync.pipeline.batch`, beside the Postgres sinks):
+How a micro-batch lands (orchestrated by :mod:`cdcsync.engine.batch`, beside the Postgres sinks):
 
 1. :meth:`ClickHouseTableSink.prepare`: the driver looks the batch up in Postgres' ``cdcsync.batch_ledger`` (the
    same ledger as the Postgres sinks); a batch recorded there is skipped without touching ClickHouse.
@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import clickhouse_types
-from cdcsync.errors import CdcsyncError, MigrationError, ServiceError, SinkError
-from cdcsync.runtime.executor_errors import RETRIABLE_MARKER
-from cdcsync.sinks.ledger import LedgeredSink
-from cdcsync.sql import clickhouse_migrations
+from cdcsync.core.errors import MigrationError, SinkError
+from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
+from cdcsync.db.executor_errors import RETRIABLE_MARKER
+from cdcsync.db.ledger import LedgeredSink
+from cdcsync.migrations import clickhouse as clickhouse_migrations
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -40,42 +41,6 @@ if TYPE_CHECKING:
 
     from cdcsync.config.pipeline import ClickHouseSink, Pipeline
     from cdcsync.config.settings import Settings
-
-# ClickHouse error codes worth a retry: timeouts, network trouble, overload, an insert of unknown outcome.
-_RETRIABLE_CODES = frozenset({3, 159, 202, 209, 210, 236, 241, 242, 252, 285, 319, 394, 425, 999})
-
-
-def connect(url: str, *, compression: str = "none", **kwargs: Any) -> Any:
-    """A clickhouse-connect client for ``url`` without a server session, so concurrent tasks never share one."""
-    import clickhouse_connect
-
-    compress: str | bool = False if compression == "none" else compression
-    return clickhouse_connect.get_client(dsn=url, compress=compress, autogenerate_session_id=False, **kwargs)
-
-
-def is_retriable(error: BaseException) -> bool:
-    """Connection trouble (clickhouse-connect's OperationalError) and the transient server codes above."""
-    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
-
-    if isinstance(error, OperationalError | ConnectionError | TimeoutError):
-        return True
-    if isinstance(error, DatabaseError):
-        return getattr(error, "code", None) in _RETRIABLE_CODES
-    return False
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:500] if text else type(error).__name__
-
-
-def wrap_clickhouse_error(error: BaseException, doing: str, *, user_error: bool = False) -> CdcsyncError:
-    """A CdcsyncError for a failed ClickHouse call: retriable when a retry may help, else a user or sink error."""
-    if is_retriable(error):
-        return ServiceError(_first_line(error), retriable=True).add_context(doing)
-    if user_error:
-        return MigrationError(_first_line(error)).add_context(doing)
-    return SinkError(_first_line(error)).add_context(doing)
 
 
 @dataclass(frozen=True)
@@ -146,7 +111,7 @@ class ClickHouseWriter:
 
 def _task_error(doing: str, error: BaseException) -> RuntimeError:
     marker = f" {RETRIABLE_MARKER}" if is_retriable(error) else ""
-    return RuntimeError(f"{doing}: {_first_line(error)}{marker}")
+    return RuntimeError(f"{doing}: {first_line(error)}{marker}")
 
 
 def _token_settings(token: str) -> dict[str, Any]:
@@ -216,14 +181,14 @@ class ClickHouseTableSink(LedgeredSink):
         """False when the Postgres ledger already holds this batch (it landed before)."""
         import psycopg
 
-        from cdcsync.runtime.dbretry import classify_postgres_error
+        from cdcsync.db.retry import classify_postgres_error
 
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 return conn.execute(self._ledger_lookup_sql, ledger_key).fetchone() is None
         except psycopg.Error as error:
             raise SinkError(
-                f"preparing batch {ledger_key['batch_id']}: {_first_line(error)}",
+                f"preparing batch {ledger_key['batch_id']}: {first_line(error)}",
                 retriable=classify_postgres_error(error),
             ).add_context(self.label) from None
 
@@ -247,7 +212,7 @@ class ClickHouseTableSink(LedgeredSink):
         """Record the batch (its inserts are done) in the ledger; None if another attempt recorded it first."""
         import psycopg
 
-        from cdcsync.runtime.dbretry import classify_postgres_error
+        from cdcsync.db.retry import classify_postgres_error
 
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
@@ -256,7 +221,7 @@ class ClickHouseTableSink(LedgeredSink):
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_staged})
         except psycopg.Error as error:
             raise SinkError(
-                f"recording batch {ledger_key['batch_id']} in the ledger: {_first_line(error)}",
+                f"recording batch {ledger_key['batch_id']} in the ledger: {first_line(error)}",
                 retriable=classify_postgres_error(error),
             ).add_context(self.label) from None
         return rows_staged
@@ -312,27 +277,6 @@ def check_table(client: Any, sink_id: str, state: dict[str, Any]) -> None:
             )
     if problems:
         raise MigrationError(f"{where} does not match the pipeline: " + "; ".join(problems), hint=hint)
-
-
-def count_rows(client: Any, database: str, table: str) -> int:
-    """Current (not deleted) rows, for ``cdcsync status``."""
-    return int(client.command(render("clickhouse/runtime/count_rows.sql.j2", target=(database, table))))
-
-
-def connect_from_settings(settings: Settings) -> Any:
-    """A client for ``CDCSYNC__CLICKHOUSE__URL``; an unreachable server is a retriable ServiceError (URL redacted)."""
-    from cdcsync.config.settings import redact_dsn
-
-    try:
-        client = connect(settings.clickhouse_url, connect_timeout=10)
-        client.ping()
-    except Exception as error:
-        raise ServiceError(
-            f"connecting to ClickHouse at {redact_dsn(settings.clickhouse_url)}: {_first_line(error)}",
-            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__CLICKHOUSE__URL",
-            retriable=True,
-        ) from None
-    return client
 
 
 def startup_check(pipeline: Pipeline, settings: Settings, *, pipeline_file: Path | str | None = None) -> None:

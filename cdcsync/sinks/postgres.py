@@ -1,6 +1,6 @@
 """Postgres upsert sink: one mirror row per primary key, exactly-once effects per micro-batch.
 
-How a micro-batch lands (DESIGN.md, "Delivery guarantee"; orchestrated by :mod:`cdcsync.pipeline.batch`):
+How a micro-batch lands (DESIGN.md, "Delivery guarantee"; orchestrated by :mod:`cdcsync.engine.batch`):
 
 1. :meth:`PostgresUpsertSink.prepare`: the driver looks the batch up in ``cdcsync.batch_ledger``; a replayed
    batch that was already merged is skipped without touching the target.
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.types import PgType
-from cdcsync.runtime.executor_errors import task_failure
-from cdcsync.sinks.ledger import LedgeredSink
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv
+from cdcsync.core import names
+from cdcsync.db.executor_errors import task_failure
+from cdcsync.db.ledger import LedgeredSink
+from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.sources.debezium import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
-from cdcsync.sql import names
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:

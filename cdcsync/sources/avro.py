@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from cdcsync.config.types import PgType
-from cdcsync.errors import DecodeError, DependencyError
+from cdcsync.core.errors import DecodeError, DependencyError
 from cdcsync.sources.debezium import (
     _INT_RANGES,
     _TIME_UNITS,

@@ -56,7 +56,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.types import PgType
-from cdcsync.errors import DecodeError
+from cdcsync.core.errors import DecodeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -194,7 +194,7 @@ def output_spark_schema(spec: DecodeSpec, *, dead_letters: bool = True) -> str:
     ``dead_letters`` is false: the changes alone, as :class:`~cdcsync.sources.kafka.DecodeTask` passes them on).
 
     Also checks the spec (every type decodable, key columns declared) so that a bad one fails on the driver
-    with a :class:`~cdcsync.errors.DecodeError`, before Spark ships it to executors."""
+    with a :class:`~cdcsync.core.errors.DecodeError`, before Spark ships it to executors."""
     _plan_for(spec)
     return ", ".join(f"{_quote_ddl(name)} {spark_type}" for name, spark_type in _output_fields(spec, dead_letters))
 

@@ -1,10 +1,10 @@
 """The Kafka source: Spark Kafka options for a source, and the executor task that turns Kafka rows into changes.
 
 Decoding happens once per micro-batch, on the executors (:class:`DecodeTask`, run inside the pipeline's single
-pass, :mod:`cdcsync.pipeline.batch`): each task decodes its Arrow batches, writes the messages it could not
+pass, :mod:`cdcsync.engine.batch`): each task decodes its Arrow batches, writes the messages it could not
 decode to ``cdcsync.dead_letters`` itself (idempotently, so a retried task or a replayed batch records nothing
 twice) and passes only decoded changes on. Under ``on_decode_error: fail`` the task fails instead, naming the
-message, and the driver turns that into a :class:`~cdcsync.errors.DecodeError`. A message whose schema has a
+message, and the driver turns that into a :class:`~cdcsync.core.errors.DecodeError`. A message whose schema has a
 column the source lacks (or a recorded column of another type) fails the task whatever ``on_decode_error`` says:
 it is no bad message but a pipeline behind its source (:func:`schema_change_error`).
 """
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
-from cdcsync.errors import NewTopicError, SchemaChangeError, ServiceError
-from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
-from cdcsync.sinks.dead_letters import DeadLetterWriter
+from cdcsync.core.errors import NewTopicError, SchemaChangeError, ServiceError
+from cdcsync.db.dead_letters import DeadLetterWriter
+from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sources.debezium import CDC_COLUMNS, SCHEMA_CHANGE_MARKER, DecodeSpec, decode_batches
 
 if TYPE_CHECKING:

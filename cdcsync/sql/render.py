@@ -35,7 +35,7 @@ import jinja2
 
 import cdcsync
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
-from cdcsync.errors import ConfigError
+from cdcsync.core.errors import ConfigError
 
 POSTGRES_MAX_IDENTIFIER_BYTES = 63
 

@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.errors import MigrationError
-from cdcsync.runtime.executor_errors import task_failure
-from cdcsync.sinks.ledger import LedgeredSink
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv, copy_then_insert
+from cdcsync.config.plan import DynamicTableSpec
+from cdcsync.core.errors import MigrationError
+from cdcsync.db.executor_errors import task_failure
+from cdcsync.db.ledger import LedgeredSink
+from cdcsync.db.pgcopy import arrow_to_copy_csv, copy_then_insert
 from cdcsync.sql.render import render
-from cdcsync.transforms.plan import DynamicTableSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,7 +184,7 @@ class DynamicTable(LedgeredSink):
             params={"pipeline": self.pipeline.name, "checkpoint_id": checkpoint_id, "batch_id": batch_id},
             label=self.label,
         )
-        from cdcsync.runtime.executor_errors import executor_error
+        from cdcsync.db.executor_errors import executor_error
 
         try:
             counts = batch_keys.select("key").mapInArrow(writer, "rows bigint").collect()

@@ -17,7 +17,7 @@ import psycopg
 import yaml
 from psycopg import sql
 
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project
 

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 from tests.conftest import DebeziumSource
 from tests.e2e.conftest import Project
 

@@ -24,8 +24,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sql import migrations
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 ARROW_SCHEMA = pa.schema(

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.errors import MigrationError
+from cdcsync.core.errors import MigrationError
+from cdcsync.migrations import clickhouse as clickhouse_migrations
 from cdcsync.sinks.clickhouse import ClickHouseTableSink, check_table
-from cdcsync.sql import clickhouse_migrations
 from tests.conftest import ClickHouseDatabase, run_env
 
 pytestmark = pytest.mark.integration
@@ -184,8 +184,8 @@ def test_run_refuses_a_pending_clickhouse_migration_naming_the_file(
     import psycopg
 
     from cdcsync.config.settings import load_settings
+    from cdcsync.migrations import postgres as migrations
     from cdcsync.sinks.clickhouse import startup_check
-    from cdcsync.sql import migrations
 
     pipeline = _pipeline(clickhouse_database.database)
     migrations.init(pipeline, tmp_path)

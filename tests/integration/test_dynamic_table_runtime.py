@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
 pytestmark = pytest.mark.integration

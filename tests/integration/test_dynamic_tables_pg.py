@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cdcsync.cli import app
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 from tests.integration.test_schema_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
 
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.errors import MigrationError
-from cdcsync.sql import migrations
+from cdcsync.core.errors import MigrationError
+from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.integration
 

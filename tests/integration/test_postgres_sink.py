@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sql import migrations
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 SCHEMA = pa.schema(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cdcsync.cli import app
 from cdcsync.devstack.workload import ensure_topic
-from cdcsync.sql import migrations
+from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.types import parse_pg_type
+from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.devstack import DevStackConfig, schema_registry
-from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER
 from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import DecodeSpec, decode_batches
 from cdcsync.sources.kafka import DecodeTask
@@ -308,7 +308,7 @@ def test_ids_and_subjects_survive_a_restart_and_stop_touches_only_our_process(st
 
 
 def test_a_second_start_is_a_no_op_and_a_busy_port_is_reported(standin: DevStackConfig, tmp_path: Path) -> None:
-    from cdcsync.errors import ServiceError
+    from cdcsync.core.errors import ServiceError
 
     before = schema_registry.status(standin)
     again = schema_registry.start(standin)

@@ -1,5 +1,5 @@
 """The Spark SQL the plan generates, run by a real local SparkSession over small DataFrames registered as the views
-of the contract in ``cdcsync.transforms.plan``: one row out per row in, rejected changes as deletes of their key,
+of the contract in ``cdcsync.config.plan``: one row out per row in, rejected changes as deletes of their key,
 ``dynamic_table_check`` as broadcast joins with the prior / batch key semantics."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.plan import batch_keys_view, input_view, prior_keys_view
 from cdcsync.sources.debezium import CDC_COLUMNS
-from cdcsync.transforms.plan import batch_keys_view, input_view, prior_keys_view
 
 TS = datetime(2024, 1, 1, tzinfo=timezone.utc)
 META = "_cdc_op, _cdc_version, _cdc_ts, _cdc_topic, _cdc_partition, _cdc_offset"

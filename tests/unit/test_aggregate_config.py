@@ -10,8 +10,8 @@ import pytest
 
 import cdcsync
 from cdcsync.config.pipeline import validate_pipeline_dict
-from cdcsync.errors import MigrationError
-from cdcsync.sql import migrations
+from cdcsync.core.errors import MigrationError
+from cdcsync.migrations import postgres as migrations
 from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 

@@ -23,8 +23,8 @@ import pytest
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
+from cdcsync.core.errors import DecodeError
 from cdcsync.devstack import workload
-from cdcsync.errors import DecodeError
 from cdcsync.sources import avro
 from cdcsync.sources.avro import SchemaRegistryAccess
 from cdcsync.sources.debezium import (

@@ -16,9 +16,10 @@ import cdcsync
 from cdcsync.config import clickhouse_types
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.config.types import parse_pg_type
-from cdcsync.errors import ConfigError, MigrationError
+from cdcsync.core.errors import ConfigError, MigrationError
+from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sinks.clickhouse import deduplication_token, to_clickhouse_arrow
-from cdcsync.sql import clickhouse_migrations, migrations
 from cdcsync.sql.render import ch_quote_ident, ch_quote_literal, render
 from tests.unit.test_templates import check_golden
 
@@ -266,7 +267,7 @@ def test_rows_for_clickhouse_carry_version_and_deleted_flag() -> None:
 def test_retriable_errors_are_told_apart_by_code_not_text() -> None:
     from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-    from cdcsync.sinks.clickhouse import is_retriable, wrap_clickhouse_error
+    from cdcsync.db.clickhouse import is_retriable, wrap_clickhouse_error
 
     assert is_retriable(OperationalError("connection refused"))
     assert is_retriable(DatabaseError("Too many parts", code=252))

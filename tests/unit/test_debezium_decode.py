@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
+from cdcsync.core.errors import DecodeError
 from cdcsync.devstack import workload
-from cdcsync.errors import DecodeError
 from cdcsync.sources import debezium
 from cdcsync.sources.debezium import (
     SNAPSHOT_SHIFT,

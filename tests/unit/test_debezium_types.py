@@ -15,7 +15,7 @@ import pytest
 
 from cdcsync.config import clickhouse_types
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
-from cdcsync.sinks.pgcopy import array_literal, arrow_to_copy_csv
+from cdcsync.db.pgcopy import array_literal, arrow_to_copy_csv
 from tests.unit.test_debezium_decode import decode, dumps, make_spec
 
 pytestmark = pytest.mark.unit

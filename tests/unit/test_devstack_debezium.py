@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cdcsync.core.errors import ConfigError
 from cdcsync.devstack import DevStackConfig, debezium
-from cdcsync.errors import ConfigError
 
 
 def test_connector_config_defaults_and_filters() -> None:

@@ -19,13 +19,13 @@ import pytest
 
 from cdcsync.config.pipeline import KafkaSource, SourceSchema, validate_pipeline_dict
 from cdcsync.config.types import parse_pg_type
-from cdcsync.errors import ConfigError, SchemaChangeError
-from cdcsync.pipeline.batch import StageTask
+from cdcsync.core.errors import ConfigError, SchemaChangeError
+from cdcsync.engine.batch import StageTask
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sources import introspect
 from cdcsync.sources.avro_schema import connect_schema, envelope_row_fields
 from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER, DecodeSpec, connect_pg_type
 from cdcsync.sources.kafka import DecodeTask, schema_change_error
-from cdcsync.sql import migrations
 from tests.unit import test_avro_decode as avro_helpers
 from tests.unit.test_debezium_decode import change, decode, kafka_batch, key, only, wrapped
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cdcsync.errors import DependencyError, ServiceError
+from cdcsync.core.errors import DependencyError, ServiceError
 from cdcsync.runtime.jars import shipped_exclusions
 from cdcsync.runtime.maven import Coordinate, MavenResolver, interpolate, resolve
 

@@ -13,8 +13,8 @@ from sqlglot import exp as sqlglot_exp
 
 import cdcsync
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.errors import MigrationError
-from cdcsync.sql import migrations
+from cdcsync.core.errors import MigrationError
+from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.unit
 

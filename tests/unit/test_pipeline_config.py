@@ -11,8 +11,8 @@ import yaml
 
 from cdcsync.config.pipeline import load_pipeline, validate_pipeline_dict
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
-from cdcsync.errors import ConfigError, exit_code_for
-from cdcsync.sql import migrations
+from cdcsync.core.errors import ConfigError, exit_code_for
+from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.unit
 

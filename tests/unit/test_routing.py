@@ -16,11 +16,11 @@ import pytest
 
 from cdcsync.config import routing
 from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema, validate_pipeline_dict
-from cdcsync.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
-from cdcsync.pipeline.batch import RoutedStageTask, raise_reported
+from cdcsync.core.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
+from cdcsync.engine.batch import RoutedStageTask, raise_reported
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sources.debezium import DecodeSpec
 from cdcsync.sources.kafka import NEW_TOPIC_MARKER, DecodeTask, TopicDecoders, spark_kafka_options
-from cdcsync.sql import migrations
 from tests.unit.test_debezium_decode import change, dumps, kafka_batch
 
 pytestmark = pytest.mark.unit
@@ -114,7 +114,7 @@ def test_each_known_topic_is_a_table_with_its_own_columns_key_and_sink() -> None
 
 def test_clickhouse_sinks_route_too() -> None:
     from cdcsync.config.pipeline import RoutedClickHouseSink
-    from cdcsync.sql import clickhouse_migrations
+    from cdcsync.migrations import clickhouse as clickhouse_migrations
 
     doc = changed("sinks.mirror", {"type": "clickhouse", "from": "cdc", "database": "{schema}", "table": "{table}"})
     pipeline = validate_pipeline_dict(doc, schema_for=tables(orders=ORDERS, lines=LINES))

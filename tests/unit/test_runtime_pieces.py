@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.settings import load_settings, redact_dsn
-from cdcsync.errors import ConfigError, SinkError, UndecodableMessage, exit_code_for
-from cdcsync.runtime.dbretry import with_retries
-from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, RETRIABLE_MARKER, executor_error
+from cdcsync.core.errors import ConfigError, SinkError, UndecodableMessage, exit_code_for
+from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER, RETRIABLE_MARKER, executor_error
+from cdcsync.db.pgcopy import arrow_to_copy_csv
+from cdcsync.db.retry import with_retries
 from cdcsync.runtime.status import committed_offsets
 from cdcsync.runtime.stream import _lag
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv
 from cdcsync.sinks.postgres import newest_per_key
 
 
@@ -189,7 +189,7 @@ def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatc
 def test_task_failures_carry_the_retriable_marker_only_when_a_retry_may_help() -> None:
     import psycopg
 
-    from cdcsync.runtime.executor_errors import task_failure
+    from cdcsync.db.executor_errors import task_failure
 
     refused = task_failure("sink 'm': COPY failed", psycopg.OperationalError("connection refused"))
     assert str(refused) == f"sink 'm': COPY failed: connection refused {RETRIABLE_MARKER}"

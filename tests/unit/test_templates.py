@@ -20,8 +20,9 @@ from sqlglot import exp
 
 import cdcsync
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.errors import ConfigError
-from cdcsync.sql import migrations, names
+from cdcsync.core import names
+from cdcsync.core.errors import ConfigError
+from cdcsync.migrations import postgres as migrations
 from cdcsync.sql.render import (
     comment_text,
     quote_columns,

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from cdcsync.config.compile import METADATA_TYPES
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.config.types import PgType, parse_pg_type
-from cdcsync.errors import ConfigError, exit_code_for
+from cdcsync.core.errors import ConfigError, exit_code_for
 from cdcsync.sources.debezium import CDC_COLUMNS
-from cdcsync.transforms.compile import METADATA_TYPES
 
 pytestmark = pytest.mark.unit
 

@@ -15,9 +15,9 @@ import confluent_kafka.admin
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from cdcsync.core.errors import ServiceError
 from cdcsync.devstack import workload
 from cdcsync.devstack.workload import ChangeEvent, OpMix, generate
-from cdcsync.errors import ServiceError
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ dynamic tables it checks or fills.
 A :class:`PipelinePlan` is built once, at validation, from the pipeline YAML (no Spark, no services), so that
 ``validate`` can refuse a bad transform with its id and the runtime only executes what was checked.
 
-Contract between the plan and the runtime (:mod:`cdcsync.pipeline.batch`):
+Contract between the plan and the runtime (:mod:`cdcsync.engine.batch`):
 
 * Every node (source or SQL transform) of one micro-batch is visible to Spark SQL as the temporary view
   :func:`input_view` of its id, with its business columns followed by the six ``_cdc_*`` columns.

@@ -1,6 +1,6 @@
 """ClickHouse migrations: ``migrations/<pipeline>/clickhouse/NNNN_<what>.sql`` beside the Postgres ones.
 
-Same file format, checksum and state line as :mod:`cdcsync.sql.migrations` (whose parsing and file handling
+Same file format, checksum and state line as :mod:`cdcsync.migrations.postgres` (whose parsing and file handling
 this module reuses), with a ClickHouse state (``"database": "clickhouse"``) and ClickHouse DDL from
 ``templates/clickhouse/``. Only pipelines with ``type: clickhouse`` sinks get these files and need a ClickHouse
 server at all. The ledger is ``cdcsync.schema_migrations`` in ClickHouse (a database named like Postgres'
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import clickhouse_types
-from cdcsync.errors import MigrationError
-from cdcsync.sql import migrations as pg
+from cdcsync.core.errors import MigrationError
+from cdcsync.migrations import postgres as pg
 from cdcsync.sql.render import ch_quote_ident, ch_quote_qualified, render
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def split_statements(body: str) -> list[str]:
 
 def status(client: Any, pipeline_name: str, migrations_dir: Path | str) -> list[pg.MigrationStatus]:
     """Every ClickHouse migration file of the pipeline with whether it is applied, pending or altered."""
-    from cdcsync.sinks.clickhouse import wrap_clickhouse_error
+    from cdcsync.db.clickhouse import wrap_clickhouse_error
 
     files = pg.list_migration_files(migrations_dir, pipeline_name, DATABASE)
     if not files:
@@ -269,7 +269,7 @@ def status(client: Any, pipeline_name: str, migrations_dir: Path | str) -> list[
 
 def apply_pending(client: Any, pipeline_name: str, migrations_dir: Path | str) -> list[pg.MigrationStatus]:
     """Apply the pending files in order, statement by statement, and record each in the ledger."""
-    from cdcsync.sinks.clickhouse import wrap_clickhouse_error
+    from cdcsync.db.clickhouse import wrap_clickhouse_error
 
     statuses = status(client, pipeline_name, migrations_dir)
     altered = [s for s in statuses if s.state == "altered"]

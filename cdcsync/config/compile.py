@@ -1,6 +1,6 @@
-"""From the ``transforms:`` YAML to the :class:`~cdcsync.transforms.plan.PipelinePlan`: parse each SQL with sqlglot
+"""From the ``transforms:`` YAML to the :class:`~cdcsync.config.plan.PipelinePlan`: parse each SQL with sqlglot
 (Spark dialect), refuse what cannot run statelessly over one micro-batch, infer output types, and rewrite the SQL
-into what the runtime executes, exactly as the contract in :mod:`cdcsync.transforms.plan` states.
+into what the runtime executes, exactly as the contract in :mod:`cdcsync.config.plan` states.
 
 Why the rewrite looks the way it does:
 
@@ -28,9 +28,7 @@ from sqlglot.errors import ParseError
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.schema import MappingSchema
 
-from cdcsync.config.transforms import DynamicTable, SqlTransform, TransformModel
-from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
-from cdcsync.transforms.plan import (
+from cdcsync.config.plan import (
     POSITION_SQL,
     DynamicTableSpec,
     PipelinePlan,
@@ -40,6 +38,8 @@ from cdcsync.transforms.plan import (
     input_view,
     prior_keys_view,
 )
+from cdcsync.config.transforms import DynamicTable, SqlTransform, TransformModel
+from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 
 DIALECT = "spark"
 CHECK_FUNCTION = "dynamic_table_check"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cdcsync.runtime.executor_errors import task_failure
-from cdcsync.sinks.pgcopy import arrow_to_copy_csv, copy_then_insert
+from cdcsync.db.executor_errors import task_failure
+from cdcsync.db.pgcopy import arrow_to_copy_csv, copy_then_insert
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:

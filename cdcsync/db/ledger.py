@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.errors import SinkError
-from cdcsync.runtime.dbretry import classify_postgres_error
+from cdcsync.core.errors import SinkError
+from cdcsync.db.retry import classify_postgres_error
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """A micro-batch that flows through SQL transforms and dynamic tables before it reaches its sinks.
 
-A source without transforms keeps the single pass of :mod:`cdcsync.pipeline.batch`. With transforms, Spark SQL
+A source without transforms keeps the single pass of :mod:`cdcsync.engine.batch`. With transforms, Spark SQL
 has to see the decoded changes, so a batch takes these steps (the views are the plan's contract,
-:mod:`cdcsync.transforms.plan`):
+:mod:`cdcsync.config.plan`):
 
 1. Ledger lookups, as for any batch: sinks that landed this batch before are skipped.
 2. Decode once, on the executors, into a cached DataFrame. Dead letters are written by the decoding tasks
@@ -24,7 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cdcsync.pipeline.batch import (
+from cdcsync.config.plan import (
+    SideOutput,
+    TransformStep,
+    batch_keys_view,
+    input_view,
+    prior_keys_view,
+)
+from cdcsync.db.executor_errors import executor_error
+from cdcsync.engine.batch import (
     BatchSink,
     SinkOutcome,
     StageRowsTask,
@@ -35,17 +43,9 @@ from cdcsync.pipeline.batch import (
     stage,
     writer_for,
 )
-from cdcsync.runtime.executor_errors import executor_error
 from cdcsync.sources.debezium import output_arrow_schema, output_spark_schema
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
 from cdcsync.transforms.dynamic_tables import DynamicTable
-from cdcsync.transforms.plan import (
-    SideOutput,
-    TransformStep,
-    batch_keys_view,
-    input_view,
-    prior_keys_view,
-)
 
 if TYPE_CHECKING:
     import pyarrow as pa

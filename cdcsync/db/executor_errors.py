@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from cdcsync.errors import CdcsyncError, SinkError, UndecodableMessage
-from cdcsync.runtime.dbretry import classify_postgres_error
+from cdcsync.core.errors import CdcsyncError, SinkError, UndecodableMessage
+from cdcsync.db.retry import classify_postgres_error
 
 RETRIABLE_MARKER = "[cdcsync:retriable]"
 DECODE_FAILURE_MARKER = "[cdcsync:decode-failure]"

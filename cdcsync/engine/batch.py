@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
-from cdcsync.runtime.executor_errors import DECODE_FAILURE_MARKER, executor_error
+from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER, executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import cdcsync
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.pipeline import NO_COLUMNS, PostgresAggregateSink, internal_tables
-from cdcsync.errors import CdcsyncError, MigrationError, ServiceError
-from cdcsync.sql import names
+from cdcsync.core import names
+from cdcsync.core.errors import CdcsyncError, MigrationError, ServiceError
 from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, render
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def desired_state(pipeline: Pipeline) -> dict[str, Any]:
     ``{"vip": {"schema": "public", "table": "vip_customers", "key_column": "key", "key_type": "bigint"}}``.
     """
     sinks: dict[str, Any] = {}
-    postgres_sinks = pipeline.postgres_sinks()  # ClickHouse sinks: cdcsync.sql.clickhouse_migrations
+    postgres_sinks = pipeline.postgres_sinks()  # ClickHouse sinks: cdcsync.migrations.clickhouse
     for sink_id in sorted(postgres_sinks):
         sink = postgres_sinks[sink_id]
         columns = pipeline.columns_of(sink.from_)
@@ -368,7 +368,7 @@ def _valid_state(state: Any) -> bool:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         return False
     sinks = state.get("sinks")
-    if state.get("database") == "clickhouse":  # cdcsync.sql.clickhouse_migrations.desired_state
+    if state.get("database") == "clickhouse":  # cdcsync.migrations.clickhouse.desired_state
         internal, keys = state.get("internal_database"), {"database", "table", "columns", "primary_key"}
     else:
         internal = state.get("internal_schema")
@@ -830,7 +830,7 @@ _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
 def _wrap_db_error(error: Exception, doing: str) -> CdcsyncError:
-    from cdcsync.runtime.dbretry import classify_postgres_error
+    from cdcsync.db.retry import classify_postgres_error
 
     sqlstate = getattr(error, "sqlstate", None)
     detail = str(error).strip() or type(error).__name__

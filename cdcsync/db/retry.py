@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from cdcsync.errors import CdcsyncError
+from cdcsync.core.errors import CdcsyncError
 
 log = logging.getLogger(__name__)
 

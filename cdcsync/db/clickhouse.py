@@ -1,0 +1,72 @@
+"""ClickHouse connections and the transient-or-terminal classification of their failures.
+
+Shared by the ClickHouse sink, its migrations and ``cdcsync status``: one way to connect, one way to say whether
+a failed call is worth a retry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.core.errors import CdcsyncError, MigrationError, ServiceError, SinkError
+from cdcsync.sql.render import render
+
+if TYPE_CHECKING:
+    from cdcsync.config.settings import Settings
+
+# ClickHouse error codes worth a retry: timeouts, network trouble, overload, an insert of unknown outcome.
+_RETRIABLE_CODES = frozenset({3, 159, 202, 209, 210, 236, 241, 242, 252, 285, 319, 394, 425, 999})
+
+
+def connect(url: str, *, compression: str = "none", **kwargs: Any) -> Any:
+    """A clickhouse-connect client for ``url`` without a server session, so concurrent tasks never share one."""
+    import clickhouse_connect
+
+    compress: str | bool = False if compression == "none" else compression
+    return clickhouse_connect.get_client(dsn=url, compress=compress, autogenerate_session_id=False, **kwargs)
+
+
+def is_retriable(error: BaseException) -> bool:
+    """Connection trouble (clickhouse-connect's OperationalError) and the transient server codes above."""
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    if isinstance(error, OperationalError | ConnectionError | TimeoutError):
+        return True
+    if isinstance(error, DatabaseError):
+        return getattr(error, "code", None) in _RETRIABLE_CODES
+    return False
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+def wrap_clickhouse_error(error: BaseException, doing: str, *, user_error: bool = False) -> CdcsyncError:
+    """A CdcsyncError for a failed ClickHouse call: retriable when a retry may help, else a user or sink error."""
+    if is_retriable(error):
+        return ServiceError(first_line(error), retriable=True).add_context(doing)
+    if user_error:
+        return MigrationError(first_line(error)).add_context(doing)
+    return SinkError(first_line(error)).add_context(doing)
+
+
+def count_rows(client: Any, database: str, table: str) -> int:
+    """Current (not deleted) rows, for ``cdcsync status``."""
+    return int(client.command(render("clickhouse/runtime/count_rows.sql.j2", target=(database, table))))
+
+
+def connect_from_settings(settings: Settings) -> Any:
+    """A client for ``CDCSYNC__CLICKHOUSE__URL``; an unreachable server is a retriable ServiceError (URL redacted)."""
+    from cdcsync.config.settings import redact_dsn
+
+    try:
+        client = connect(settings.clickhouse_url, connect_timeout=10)
+        client.ping()
+    except Exception as error:
+        raise ServiceError(
+            f"connecting to ClickHouse at {redact_dsn(settings.clickhouse_url)}: {first_line(error)}",
+            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__CLICKHOUSE__URL",
+            retriable=True,
+        ) from None
+    return client
