@@ -2,7 +2,7 @@
 
 Generates the synthetic orders changelog in both JsonConverter shapes, slices it into Kafka-shaped Arrow batches
 of Spark's default ``spark.sql.execution.arrow.maxRecordsPerBatch`` (10,000 rows) and times
-:func:`cdcsync.sources.debezium.decode_batches` over them, as ``mapInArrow`` calls it on an executor. Times are
+:func:`cdcsync.sources.debezium.dispatch.decode_batches` over them, as ``mapInArrow`` calls it on an executor. Times are
 process CPU time (best of ``--repeat``), so a busy machine skews them less than wall-clock time would. For scale,
 it also prints how fast the JSON parser alone gets through the same messages (the decoder parses a repeated
 Connect schema only once, so with the schema wrapper it can beat that line).
@@ -38,8 +38,9 @@ from cdcsync.devstack.workload import (
     to_avro,
     to_kafka_batch,
 )
-from cdcsync.sources.avro import SchemaRegistryAccess
-from cdcsync.sources.debezium import DecodeSpec, decode_batches
+from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+from cdcsync.sources.debezium.dispatch import decode_batches
+from cdcsync.sources.debezium.spec import DecodeSpec
 
 
 def best_cpu_seconds(run: Callable[[], object], repeat: int) -> float:

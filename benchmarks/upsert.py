@@ -15,9 +15,9 @@
 ``--format avro`` then does steps 2-5 again with the same changes in Avro, as Debezium's AvroConverter writes them
 (Confluent wire format, schemas registered in the stack's schema registry, or ``--schema-registry-url``, or an
 in-process stand-in), into a topic and a database of their own, and prints both formats side by side with the
-decoder's own cost: rows/s of :func:`cdcsync.sources.debezium.decode_batches` on one core (CPU time, no Spark) over
-the same messages in Kafka-shaped Arrow batches, as ``benchmarks/decode.py`` measures it. Both pipelines share one
-Spark session; JSON runs first and so also pays the session's first-batch warm-up (seconds: small against 1M
+decoder's own cost: rows/s of :func:`cdcsync.sources.debezium.dispatch.decode_batches` on one core (CPU time, no
+Spark) over the same messages in Kafka-shaped Arrow batches, as ``benchmarks/decode.py`` measures it. Both pipelines
+share one Spark session; JSON runs first and so also pays the session's first-batch warm-up (seconds: small against 1M
 changes, but it dominates a small ``--changes`` run).
 
 Prints its figures; asserts only correctness.
@@ -47,8 +47,8 @@ from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session
 from cdcsync.runtime.stream import PipelineRunner
-from cdcsync.sources.avro import SchemaRegistryAccess
-from cdcsync.sources.debezium import DecodeSpec
+from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+from cdcsync.sources.debezium.spec import DecodeSpec
 
 
 @dataclass

@@ -37,7 +37,7 @@ METADATA_COLUMNS: tuple[str, ...] = (
 )
 """Columns every decoded change row carries beside the business columns (DESIGN.md, "Metadata columns")."""
 
-RESERVED_COLUMNS: tuple[str, ...] = ("_batch_id", "_dlq_reason", "_dlq_key", "_dlq_value")
+RESERVED_COLUMNS: tuple[str, ...] = ("_batch_id", "_dlq_reason", "_dlq_report", "_dlq_key", "_dlq_value")
 """Used by staging tables and the decoder's dead-letter fields."""
 
 POSTGRES_MAX_IDENTIFIER = 63

@@ -19,18 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
-from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER, executor_error
+from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
+from cdcsync.db.executor_errors import executor_error
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER
-from cdcsync.sources.kafka import (
-    DECODER_INPUT_COLUMNS,
-    NEW_TOPIC_MARKER,
-    DecodeTask,
-    TopicDecoders,
-    new_topic_error,
-    schema_change_error,
-)
+from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_COUNTS_SCHEMA = "sink int, rows bigint, failure string"
+_COUNTS_SCHEMA = "sink int, rows bigint, report string"
+"""Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
 BatchSink = PostgresUpsertSink | ClickHouseTableSink
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
@@ -50,14 +44,14 @@ class ExecutorWriter(Protocol):
     def stage(self, table: pa.Table) -> int: ...
 
 
-def _counts_batch(counts: list[int], failure: str | None = None) -> pa.RecordBatch:
+def _counts_batch(counts: list[int], report: Report | None = None) -> pa.RecordBatch:
     import pyarrow as pa
 
-    schema = pa.schema([("sink", pa.int32()), ("rows", pa.int64()), ("failure", pa.string())])
-    if failure is not None:
-        return pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "failure": [failure]}, schema=schema)
+    schema = pa.schema([("sink", pa.int32()), ("rows", pa.int64()), ("report", pa.string())])
+    if report is not None:
+        return pa.RecordBatch.from_pydict({"sink": [-1], "rows": [0], "report": [report.encode()]}, schema=schema)
     return pa.RecordBatch.from_pydict(
-        {"sink": list(range(len(counts))), "rows": counts, "failure": [None] * len(counts)}, schema=schema
+        {"sink": list(range(len(counts))), "rows": counts, "report": [None] * len(counts)}, schema=schema
     )
 
 
@@ -78,12 +72,10 @@ class StageTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         try:
             decoded = list(self.decode(batches))
-        except RuntimeError as error:
-            if not reported_as_data(error):
-                raise
+        except ReportedFailure as failure:
             # on_decode_error: fail, or a schema change. Reported as data, not raised: a failed task makes Spark
             # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal.
-            yield _counts_batch([], failure=str(error))
+            yield _counts_batch([], report=failure.report)
             return
         yield _stage_all(self.writers, decoded)
 
@@ -108,18 +100,16 @@ class RoutedStageTask:
         if rows.num_rows == 0:
             yield _counts_batch(counts)
             return
-        failure = self.decoders.new_topic(rows)
-        if failure is not None:
-            yield _counts_batch([], failure=failure)
+        unknown = self.decoders.new_topic(rows)
+        if unknown is not None:
+            yield _counts_batch([], report=unknown)
             return
         for topic in pc.unique(rows.column("topic")).to_pylist():
             decode = self.decoders.by_topic[topic]
             try:
                 decoded = list(decode(iter(rows.filter(pc.equal(rows.column("topic"), topic)).to_batches())))
-            except RuntimeError as error:
-                if not reported_as_data(error):
-                    raise
-                yield _counts_batch([], failure=str(error))
+            except ReportedFailure as failure:
+                yield _counts_batch([], report=failure.report)
                 return
             if not decoded:
                 continue
@@ -156,22 +146,12 @@ def pending_sinks(
     return keys, pending, {sink_id: SinkOutcome(skipped=True) for sink_id in sinks.keys() - pending.keys()}
 
 
-def reported_as_data(error: RuntimeError) -> bool:
-    """Whether a task reports ``error`` as a row (the driver raises it) rather than failing."""
-    return DECODE_FAILURE_MARKER in str(error) or SCHEMA_CHANGE_MARKER in str(error)
-
-
-def raise_reported(failures: list[str], doing: str, pipeline_file: str) -> None:
-    """Raise what tasks reported: a new topic or a schema change first (the user's to resolve), else an
-    undecodable message. Either way nothing of the batch is merged."""
-    new_topics = [failure for failure in failures if failure.startswith(NEW_TOPIC_MARKER)]
-    if new_topics:
-        raise new_topic_error(min(new_topics), pipeline_file)
-    changes = [failure for failure in failures if failure.startswith(SCHEMA_CHANGE_MARKER)]
-    if changes:
-        raise schema_change_error(changes[0], pipeline_file)
-    if failures:
-        raise executor_error(RuntimeError(failures[0]), doing)
+def raise_reported(reports: list[str], doing: str, pipeline_file: str) -> None:
+    """Raise what tasks reported (encoded :class:`~cdcsync.core.reports.Report` s): a new topic or a schema
+    change first (the user's to resolve), else an undecodable message. Either way nothing of the batch is merged."""
+    first = first_to_raise(Report.decode(report) for report in reports)
+    if first is not None:
+        raise first.error(doing, pipeline_file)
 
 
 def stage(
@@ -181,8 +161,8 @@ def stage(
     try:
         counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
-        raise executor_error(error, f"staging batch {batch_id}") from None
-    raise_reported([row["failure"] for row in counts if row["failure"]], f"staging batch {batch_id}", pipeline_file)
+        raise executor_error(error, f"staging batch {batch_id}", pipeline_file) from None
+    raise_reported([row["report"] for row in counts if row["report"]], f"staging batch {batch_id}", pipeline_file)
     staged = [0] * len(task.writers)
     for row in counts:
         staged[row["sink"]] += row["rows"]

@@ -31,6 +31,7 @@ from cdcsync.config.plan import (
     input_view,
     prior_keys_view,
 )
+from cdcsync.core.reports import ReportedFailure
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.engine.batch import (
     BatchSink,
@@ -39,11 +40,11 @@ from cdcsync.engine.batch import (
     merge_all,
     pending_sinks,
     raise_reported,
-    reported_as_data,
     stage,
     writer_for,
 )
-from cdcsync.sources.debezium import output_arrow_schema, output_spark_schema
+from cdcsync.sources.debezium.dispatch import output_spark_schema
+from cdcsync.sources.debezium.spec import output_arrow_schema
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FAILURE = "_cdc_failure"
+"""Null on change rows; a failed decode is one row of its own with this column set (an encoded report)."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,9 @@ class DecodeRowsTask:
         try:
             for batch in self.decode(batches):
                 yield batch.append_column(_FAILURE, pa.nulls(batch.num_rows, pa.string()))
-        except RuntimeError as error:
-            if not reported_as_data(error):
-                raise
+        except ReportedFailure as failure:
             # As in StageTask: a failure travels as data, so no Python worker is killed mid-task.
-            row = {name: [None] for name in self.schema.names} | {_FAILURE: [str(error)]}
+            row = {name: [None] for name in self.schema.names} | {_FAILURE: [failure.report.encode()]}
             yield pa.RecordBatch.from_pydict(row, schema=self.schema)
 
 
@@ -125,7 +125,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
         failures = decoded.where(F.col(_FAILURE).isNotNull()).select(_FAILURE).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
         decoded.unpersist()
-        raise executor_error(error, f"decoding batch {batch_id}") from None
+        raise executor_error(error, f"decoding batch {batch_id}", pipeline_file) from None
     if failures:
         decoded.unpersist()
         raise_reported([row[0] for row in failures], f"decoding batch {batch_id}", pipeline_file)

@@ -38,8 +38,8 @@ from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.avro import SchemaRegistryAccess
-from cdcsync.sources.debezium import DecodeSpec
+from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import clickhouse_types
 from cdcsync.core.errors import MigrationError, SinkError
+from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
-from cdcsync.db.executor_errors import RETRIABLE_MARKER
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations import clickhouse as clickhouse_migrations
 from cdcsync.sql.render import render
@@ -109,9 +109,8 @@ class ClickHouseWriter:
         return rows.num_rows
 
 
-def _task_error(doing: str, error: BaseException) -> RuntimeError:
-    marker = f" {RETRIABLE_MARKER}" if is_retriable(error) else ""
-    return RuntimeError(f"{doing}: {first_line(error)}{marker}")
+def _task_error(doing: str, error: BaseException) -> ReportedFailure:
+    return ReportedFailure(write_failed(f"{doing}: {first_line(error)}", retriable=is_retriable(error)))
 
 
 def _token_settings(token: str) -> dict[str, Any]:
@@ -145,8 +144,8 @@ def to_clickhouse_arrow(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     deleted = pc.equal(table.column("_cdc_op"), "d").cast(pa.uint8())
     arrays = [table.column(name) for name in columns]
     # ReplacingMergeTree needs an unsigned version: snapshot reads (negative _cdc_version, see
-    # cdcsync.sources.debezium.SNAPSHOT_SHIFT) are stored at 0, below every streamed change; among equal versions
-    # ClickHouse keeps the row inserted last, so a later snapshot still replaces an earlier one.
+    # cdcsync.sources.debezium.envelope.SNAPSHOT_SHIFT) are stored at 0, below every streamed change; among equal
+    # versions ClickHouse keeps the row inserted last, so a later snapshot still replaces an earlier one.
     version = pc.max_element_wise(table.column("_cdc_version"), pa.scalar(0, pa.int64())).cast(pa.uint64())
     arrays += [version, deleted, table.column("_cdc_ts")]
     names = [*columns, clickhouse_types.VERSION_COLUMN, clickhouse_types.DELETED_COLUMN, clickhouse_types.TS_COLUMN]

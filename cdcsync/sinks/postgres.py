@@ -27,7 +27,7 @@ from cdcsync.core import names
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.sources.debezium import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
+from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:

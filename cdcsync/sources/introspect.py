@@ -1,12 +1,12 @@
 """Read a source's columns from its topic's schema, for ``cdcsync init``: users never type column lists by hand.
 
 * ``format: avro``: the latest version of subject ``<topic>-value`` in the schema registry (and ``<topic>-key``
-  for the key), read through :mod:`cdcsync.sources.avro_schema` as Connect schemas.
+  for the key), read through :mod:`cdcsync.sources.debezium.avro_schema` as Connect schemas.
 * ``format: json``: the ``schema`` of the newest JsonConverter messages of the topic (the last few of every
   partition, fields of later messages winning), and the key's ``schema`` for the key. Messages without the
   wrapper (``schemas.enable=false``) carry no types: the user declares ``columns:`` then.
 
-Types come from :func:`cdcsync.sources.debezium.connect_pg_type`, the inverse of the decoder. The result is
+Types come from :func:`cdcsync.sources.debezium.connect.connect_pg_type`, the inverse of the decoder. The result is
 merged with what the migrations recorded before (:func:`merge`): recorded columns keep their place, a column the
 schema no longer has stays (Debezium stops sending a dropped column; the mirror keeps it, NULL from then on), new
 ones go last. Only ``init`` (and ``run`` under ``schema_evolution: auto``, from the message itself) reads schemas;
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import KafkaSource, SchemaLookup, SourceSchema, TopicSchemas
-from cdcsync.sources.debezium import connect_pg_type, row_fields, struct_fields
+from cdcsync.sources.debezium.connect import connect_pg_type, row_fields, struct_fields
 
 if TYPE_CHECKING:
     from cdcsync.config.settings import Settings
@@ -77,8 +77,8 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    from cdcsync.sources.avro import SchemaRegistryAccess, _collect_names
-    from cdcsync.sources.avro_schema import envelope_row_fields, row_fields_of_record
+    from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+    from cdcsync.sources.debezium.avro_schema import collect_names, envelope_row_fields, row_fields_of_record
 
     access = SchemaRegistryAccess.from_settings(settings)
     where = f"the schema registry at {access.shown_url}"
@@ -102,14 +102,14 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
         return f"{where} has no subject '{topic}-value' (nothing was published to topic {topic} in Avro yet?)"
     origin = f"subject '{topic}-value' of {where}"
     names: dict[str, Any] = {}
-    _collect_names(value, "", names)
+    collect_names(value, "", names)
     fields = envelope_row_fields(value, names)
     if fields is None:
         return f"the latest schema of {origin} is not a Debezium envelope (no 'after' or 'before' record)"
     key_fields = None
     if key is not None:
         key_names: dict[str, Any] = {}
-        _collect_names(key, "", key_names)
+        collect_names(key, "", key_names)
         key_fields = row_fields_of_record(key, key_names)
     return schema_from_fields(fields, key_fields, origin)
 

@@ -4,24 +4,26 @@ Decoding happens once per micro-batch, on the executors (:class:`DecodeTask`, ru
 pass, :mod:`cdcsync.engine.batch`): each task decodes its Arrow batches, writes the messages it could not
 decode to ``cdcsync.dead_letters`` itself (idempotently, so a retried task or a replayed batch records nothing
 twice) and passes only decoded changes on. Under ``on_decode_error: fail`` the task fails instead, naming the
-message, and the driver turns that into a :class:`~cdcsync.core.errors.DecodeError`. A message whose schema has a
-column the source lacks (or a recorded column of another type) fails the task whatever ``on_decode_error`` says:
-it is no bad message but a pipeline behind its source (:func:`schema_change_error`).
+message, and the driver turns that into a :class:`~cdcsync.core.errors.UndecodableMessage`. A message whose schema
+has a column the source lacks (or a recorded column of another type) fails the task whatever ``on_decode_error``
+says: it is no bad message but a pipeline behind its source (a :class:`~cdcsync.core.errors.SchemaChangeError`).
+Either failure is a :class:`~cdcsync.core.reports.Report` raised as :class:`~cdcsync.core.reports.ReportedFailure`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
-from cdcsync.core.errors import NewTopicError, SchemaChangeError, ServiceError
+from cdcsync.core.errors import ServiceError
+from cdcsync.core.reports import Kind, Report, ReportedFailure, first_to_raise, new_topic
 from cdcsync.db.dead_letters import DeadLetterWriter
-from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER
-from cdcsync.sources.debezium import CDC_COLUMNS, SCHEMA_CHANGE_MARKER, DecodeSpec, decode_batches
+from cdcsync.sources.debezium.dispatch import decode_batches
+from cdcsync.sources.debezium.envelope import CDC_COLUMNS
+from cdcsync.sources.debezium.spec import DecodeSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,10 +37,6 @@ decoding the JSON itself, and the JSON envelope carries everything the decoder n
 
 FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.max.bytes": str(64 << 20)}
 """Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
-
-
-NEW_TOPIC_MARKER = "[cdcsync:new-topic]"
-"""Starts the failure a task reports for a message of a matching topic its ``topic_pattern`` source lacks."""
 
 
 def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:
@@ -76,20 +74,30 @@ class DecodeTask:
 
         keep = [name for name, _ in self.spec.columns] + [name for name, _ in CDC_COLUMNS]
         for decoded in decode_batches(batches, self.spec):
-            reasons = decoded.column("_dlq_reason")
-            if reasons.null_count < decoded.num_rows:
-                changes = pc.fill_null(pc.starts_with(reasons, SCHEMA_CHANGE_MARKER), False)
-                if pc.any(changes).as_py():
-                    raise RuntimeError(_schema_change(self.spec.source_id, decoded.filter(changes)))
-                bad = pc.is_valid(reasons)
-                if self.dead_letters is None:
-                    raise RuntimeError(f"{DECODE_FAILURE_MARKER} {_describe_first(decoded.filter(bad))}")
+            reports = decoded.column("_dlq_report")
+            if reports.null_count < decoded.num_rows:
+                bad = pc.is_valid(reports)
+                stop = self._stop(decoded.filter(bad))
+                if stop is not None:
+                    raise ReportedFailure(stop)
+                assert self.dead_letters is not None
                 written = self.dead_letters.write(decoded.filter(bad))
                 if self.dead_letter_count is not None:
                     self.dead_letter_count.add(written)
                 decoded = decoded.filter(pc.invert(bad))
             if decoded.num_rows:
                 yield decoded.select(keep)
+
+    def _stop(self, bad: pa.RecordBatch) -> Report | None:
+        """The report that stops the batch at these rows that did not decode: the first schema change, else
+        (under ``on_decode_error: fail``) the first undecodable message; None when they are all dead letters."""
+        where = ("_cdc_topic", "_cdc_partition", "_cdc_offset", "_dlq_report")
+        reports = (
+            Report.decode(report).located(source=self.spec.source_id, topic=topic, partition=partition, offset=offset)
+            for topic, partition, offset, report in zip(*(bad.column(c).to_pylist() for c in where), strict=True)
+        )
+        fail = self.dead_letters is None
+        return first_to_raise(report for report in reports if fail or report.kind is not Kind.UNDECODABLE)
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,8 @@ class TopicDecoders:
     source_id: str
     by_topic: dict[str, DecodeTask]
 
-    def new_topic(self, rows: pa.Table) -> str | None:
-        """The failure for the first row of a topic none decodes, or None when every topic is known."""
+    def new_topic(self, rows: pa.Table) -> Report | None:
+        """The report for the first row of a topic none decodes, or None when every topic is known."""
         import pyarrow.compute as pc
 
         topics = rows.column("topic")
@@ -109,53 +117,7 @@ class TopicDecoders:
         if not unknown:
             return None
         first = rows.filter(pc.equal(topics, unknown[0])).slice(0, 1).to_pylist()[0]
-        detail = {"source": self.source_id, "topic": first["topic"], "partition": first["partition"]}
-        detail["offset"] = first["offset"]
-        return f"{NEW_TOPIC_MARKER} {json.dumps(detail, separators=(',', ':'))}"
-
-
-def new_topic_error(failure: str, pipeline_file: str = "PIPELINE.yaml") -> NewTopicError:
-    """The driver's error for a failure :meth:`TopicDecoders.new_topic` reported."""
-    detail = json.loads(failure[failure.index(NEW_TOPIC_MARKER) + len(NEW_TOPIC_MARKER) :])
-    return NewTopicError(
-        source_id=detail["source"],
-        topic=detail["topic"],
-        partition=detail["partition"],
-        offset=detail["offset"],
-        pipeline_file=pipeline_file,
-    )
-
-
-def _schema_change(source_id: str, changed: pa.RecordBatch) -> str:
-    """The failure a schema change stops the batch with: the marker, then one line of JSON with the source, the
-    first message with the new schema and the decoder's account of the change (see :func:`schema_change_error`)."""
-    row = changed.slice(0, 1).to_pylist()[0]
-    detail = json.loads(row["_dlq_reason"][len(SCHEMA_CHANGE_MARKER) :])
-    detail.update(source=source_id, topic=row["_cdc_topic"], partition=row["_cdc_partition"], offset=row["_cdc_offset"])
-    return f"{SCHEMA_CHANGE_MARKER} {json.dumps(detail, separators=(',', ':'))}"
-
-
-def schema_change_error(failure: str, pipeline_file: str = "PIPELINE.yaml") -> SchemaChangeError:
-    """The driver's error for a failure :class:`DecodeTask` reported for a schema change."""
-    detail = json.loads(failure[failure.index(SCHEMA_CHANGE_MARKER) + len(SCHEMA_CHANGE_MARKER) :])
-    return SchemaChangeError(
-        source_id=detail["source"],
-        topic=detail["topic"],
-        partition=detail["partition"],
-        offset=detail["offset"],
-        fields=[tuple(f) for f in detail["fields"]],
-        added=detail["added"],
-        changed=[tuple(c) for c in detail["changed"]],
-        pipeline_file=pipeline_file,
-    )
-
-
-def _describe_first(bad: pa.RecordBatch) -> str:
-    row = bad.slice(0, 1).to_pylist()[0]
-    return (
-        f"message at {row['_cdc_topic']}/{row['_cdc_partition']}@{row['_cdc_offset']} "
-        f"could not be decoded: {row['_dlq_reason']}"
-    )
+        return new_topic(self.source_id, first["topic"], first["partition"], first["offset"])
 
 
 def check_kafka_reachable(settings: Settings, topics: list[str], timeout: float = 10.0) -> list[str]:

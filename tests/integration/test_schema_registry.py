@@ -22,10 +22,11 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.types import parse_pg_type
-from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER
+from cdcsync.core.reports import Kind, ReportedFailure
 from cdcsync.devstack import DevStackConfig, schema_registry
-from cdcsync.sources.avro import SchemaRegistryAccess
-from cdcsync.sources.debezium import DecodeSpec, decode_batches
+from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+from cdcsync.sources.debezium.dispatch import decode_batches
+from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask
 
 pytestmark = pytest.mark.integration
@@ -490,9 +491,9 @@ def test_registry_down_is_retried_then_dead_lettered_or_fails_the_task(standin: 
     assert row["_dlq_value"] == value
 
     task = DecodeTask(spec=spec, dead_letters=None)  # on_decode_error: fail
-    with pytest.raises(RuntimeError) as failure:
+    with pytest.raises(ReportedFailure) as failure:
         list(task(iter([kafka_batch([(None, value)])])))
-    assert DECODE_FAILURE_MARKER in str(failure.value) and "unreachable" in str(failure.value)
+    assert failure.value.report.kind is Kind.UNDECODABLE and "unreachable" in failure.value.report.describe()
 
 
 def test_a_registry_that_comes_back_within_the_budget_decodes(standin: DevStackConfig, topic: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.config.plan import batch_keys_view, input_view, prior_keys_view
-from cdcsync.sources.debezium import CDC_COLUMNS
+from cdcsync.sources.debezium.envelope import CDC_COLUMNS
 
 TS = datetime(2024, 1, 1, tzinfo=timezone.utc)
 META = "_cdc_op, _cdc_version, _cdc_ts, _cdc_topic, _cdc_partition, _cdc_offset"

@@ -25,15 +25,11 @@ from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import DecodeError
 from cdcsync.devstack import workload
-from cdcsync.sources import avro
-from cdcsync.sources.avro import SchemaRegistryAccess
-from cdcsync.sources.debezium import (
-    SNAPSHOT_SHIFT,
-    DecodeSpec,
-    decode_batches,
-    output_arrow_schema,
-    output_spark_schema,
-)
+from cdcsync.sources.debezium import avro_registry
+from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess, strip_logical_types
+from cdcsync.sources.debezium.dispatch import decode_batches, output_spark_schema
+from cdcsync.sources.debezium.envelope import SNAPSHOT_SHIFT
+from cdcsync.sources.debezium.spec import DecodeSpec, output_arrow_schema
 from tests.unit.test_debezium_decode import TOPIC, kafka_batch
 
 pytestmark = pytest.mark.unit
@@ -82,11 +78,11 @@ def registry() -> Iterator[tuple[FakeRegistry, SchemaRegistryAccess]]:
     """A fake registry behind an access of its own (a unique URL, so the process-wide caches never mix tests)."""
     access = SchemaRegistryAccess(f"http://fake-registry-{uuid.uuid4().hex[:8]}:8081", retry_timeout_s=0.5)
     fake = FakeRegistry()
-    avro._CLIENTS[access] = fake
+    avro_registry._CLIENTS[access] = fake
     try:
         yield fake, access
     finally:
-        avro._CLIENTS.pop(access, None)
+        avro_registry._CLIENTS.pop(access, None)
 
 
 def spec_for(
@@ -171,7 +167,7 @@ def encode(schema_id: int, schema: Any, record: Any, *, magic: int = 0) -> bytes
     schema says they are meant."""
     out = io.BytesIO()
     out.write(bytes([magic]) + schema_id.to_bytes(4, "big"))
-    fastavro.schemaless_writer(out, fastavro.parse_schema(avro._strip_logical_types(schema)), record)
+    fastavro.schemaless_writer(out, fastavro.parse_schema(strip_logical_types(schema)), record)
     return out.getvalue()
 
 
@@ -699,12 +695,12 @@ def test_a_refusing_registry_names_the_status_and_never_the_password() -> None:
     access = SchemaRegistryAccess("http://bob:hunter2@fake-auth:8081", basic_auth_user_info=None, retry_timeout_s=5)
     fake = FakeRegistry()
     fake.failures = [SchemaRegistryError(401, 40101, "Unauthorized: hunter2 rejected")]
-    avro._CLIENTS[access] = fake
+    avro_registry._CLIENTS[access] = fake
     try:
         spec = spec_for(access, BASIC_COLUMNS)
         row = only(decode(spec, [(None, b"\x00\x00\x00\x00\x01\x00")]))
     finally:
-        avro._CLIENTS.pop(access, None)
+        avro_registry._CLIENTS.pop(access, None)
     assert_dead(
         row, spec, "refused writer schema id 1", "HTTP 401", "BASIC_AUTH_USER_INFO", "http://***@fake-auth:8081"
     )

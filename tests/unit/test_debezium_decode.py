@@ -20,14 +20,11 @@ from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import DecodeError
 from cdcsync.devstack import workload
-from cdcsync.sources import debezium
-from cdcsync.sources.debezium import (
-    SNAPSHOT_SHIFT,
-    DecodeSpec,
-    decode_batches,
-    output_arrow_schema,
-    output_spark_schema,
-)
+from cdcsync.sources.debezium.dispatch import decode_batches, output_spark_schema
+from cdcsync.sources.debezium.envelope import SNAPSHOT_SHIFT
+from cdcsync.sources.debezium.json import JsonPlan
+from cdcsync.sources.debezium.plan import compile_payload_decoder
+from cdcsync.sources.debezium.spec import DecodeSpec, output_arrow_schema
 
 pytestmark = pytest.mark.unit
 
@@ -182,7 +179,7 @@ def test_output_schema_ddl_quotes_names_and_matches_arrow() -> None:
     assert ddl.startswith('`id` bigint, `Order Total` decimal(12,2), `we"ird``name` string, `small` smallint, ')
     assert ddl.endswith(
         "`_cdc_op` string, `_cdc_version` bigint, `_cdc_ts` timestamp, `_cdc_topic` string, `_cdc_partition` int, "
-        "`_cdc_offset` bigint, `_dlq_reason` string, `_dlq_key` binary, `_dlq_value` binary"
+        "`_cdc_offset` bigint, `_dlq_reason` string, `_dlq_report` string, `_dlq_key` binary, `_dlq_value` binary"
     )
     schema = output_arrow_schema(spec)
     expected = {
@@ -212,6 +209,7 @@ def test_output_schema_ddl_quotes_names_and_matches_arrow() -> None:
         "_cdc_partition": pa.int32(),
         "_cdc_offset": pa.int64(),
         "_dlq_reason": pa.string(),
+        "_dlq_report": pa.string(),
         "_dlq_key": pa.binary(),
         "_dlq_value": pa.binary(),
     }
@@ -377,14 +375,14 @@ def test_dead_letters_and_good_rows_mix_in_one_batch() -> None:
 
 def test_a_converter_bug_dead_letters_only_the_rows_arrow_refuses() -> None:
     spec = make_spec({"id": "bigint", "price": "numeric(10,2)"})
-    plan = debezium._Plan(spec)
+    plan = JsonPlan(spec)
     real = plan.converters[1]
 
     def buggy(value: Any, ctx: Any) -> Any:  # hands a str to a decimal column when the price is 13
         return "thirteen" if value == 13 else real(value, ctx)
 
     plan.converters[1] = buggy
-    plan._decode_payload = debezium._compile_payload_decoder(plan)
+    plan.decode_payload = compile_payload_decoder(plan)
     messages = [(key(i), dumps(change("c", after={"id": i, "price": 10 + i}))) for i in range(5)]
     rows = plan.decode_batch(kafka_batch(messages)).to_pylist()
     assert [r["id"] for r in rows] == [0, 1, 2, None, 4]

@@ -20,12 +20,14 @@ import pytest
 from cdcsync.config.pipeline import KafkaSource, SourceSchema, validate_pipeline_dict
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import ConfigError, SchemaChangeError
+from cdcsync.core.reports import Kind, Report, ReportedFailure, find_report
 from cdcsync.engine.batch import StageTask
 from cdcsync.migrations import postgres as migrations
 from cdcsync.sources import introspect
-from cdcsync.sources.avro_schema import connect_schema, envelope_row_fields
-from cdcsync.sources.debezium import SCHEMA_CHANGE_MARKER, DecodeSpec, connect_pg_type
-from cdcsync.sources.kafka import DecodeTask, schema_change_error
+from cdcsync.sources.debezium.avro_schema import collect_names, connect_schema, envelope_row_fields
+from cdcsync.sources.debezium.connect import connect_pg_type
+from cdcsync.sources.debezium.spec import DecodeSpec
+from cdcsync.sources.kafka import DecodeTask
 from tests.unit import test_avro_decode as avro_helpers
 from tests.unit.test_debezium_decode import change, decode, kafka_batch, key, only, wrapped
 
@@ -205,9 +207,7 @@ def test_avro_envelope_rows_resolve_named_references() -> None:
     """Debezium's ``after`` names the record ``before`` defines."""
     envelope = avro_helpers.envelope([("id", "long"), ("qty", avro_helpers.opt("int"))])
     names: dict[str, Any] = {}
-    from cdcsync.sources.avro import _collect_names
-
-    _collect_names(envelope, "", names)
+    collect_names(envelope, "", names)
     fields = envelope_row_fields(envelope, names)
     assert fields is not None
     assert [(f["field"], connect_pg_type(f).sql) for f in fields] == [("id", "bigint"), ("qty", "integer")]  # type: ignore[union-attr]
@@ -391,10 +391,10 @@ def test_a_new_field_is_a_schema_change_not_a_dead_letter() -> None:
         ],
     )
     assert rows[0]["_dlq_reason"] is None and rows[0]["name"] == "a"
-    reason = rows[1]["_dlq_reason"]
-    assert reason.startswith(SCHEMA_CHANGE_MARKER)
-    detail = json.loads(reason[len(SCHEMA_CHANGE_MARKER) :])
-    assert detail["added"] == ["note"] and ["note", "json", None] in detail["fields"]
+    report = Report.decode(rows[1]["_dlq_report"])
+    assert report.kind is Kind.SCHEMA_CHANGE and rows[1]["_dlq_reason"] == report.describe()
+    assert report.fields["added"] == ["note"] and ["note", "json", None] in report.fields["fields"]
+    assert "new field 'note'" in rows[1]["_dlq_reason"]
 
 
 def test_a_dropped_field_is_no_change_and_lands_as_null() -> None:
@@ -406,7 +406,7 @@ def test_a_recorded_type_that_changed_is_a_schema_change() -> None:
     retyped = dict(dbz("string", "io.debezium.data.Json"), field="name")
     message = wrapped(change("c", after={"id": 1, "name": "{}"}), [ID, retyped])
     row = only(decode(spec(schema_types=(("id", "bigint"), ("name", "text"))), [(key(1), message)]))
-    assert json.loads(row["_dlq_reason"][len(SCHEMA_CHANGE_MARKER) :])["changed"] == [["name", "text", "json"]]
+    assert Report.decode(row["_dlq_report"]).fields["changed"] == [["name", "text", "json"]]
     # Without a recorded type (a declared column) the declared type decides, as before.
     assert only(decode(spec(), [(key(1), message)]))["_dlq_reason"] is None
 
@@ -423,26 +423,27 @@ def test_the_task_stops_the_batch_with_the_message_and_the_columns() -> None:
         (key(2), wrapped(change("c", after={"id": 2, "name": "b", "note": "{}"}), [ID, NAME, NOTE])),
     ]
     task = DecodeTask(spec=spec(), dead_letters=None)
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(ReportedFailure) as caught:
         list(task(iter([kafka_batch(messages, partition=2, first_offset=40)])))
-    failure = str(caught.value)
-    error = schema_change_error(failure, "shop.yaml")
+    assert find_report(str(caught.value)) == caught.value.report  # what the driver reads from Spark's text
+    error = caught.value.report.error("staging batch 1", "shop.yaml")
     assert isinstance(error, SchemaChangeError) and error.user_error and error.additive
     assert (error.source_id, error.partition, error.offset, error.added) == ("orders", 2, 41, ["note"])
     assert 'new column(s) "note" json' in str(error) and "partition 2, offset 41" in str(error)
     assert "cdcsync init shop.yaml" in (error.hint or "") and "cdcsync migrate shop.yaml" in (error.hint or "")
     # The single pass reports it as data, not as a failed Spark task.
     stage = StageTask(decode=task, writers=())
-    [report] = list(stage(iter([kafka_batch(messages)])))
-    assert report.column("failure")[0].as_py().startswith(SCHEMA_CHANGE_MARKER)
+    [counts] = list(stage(iter([kafka_batch(messages)])))
+    assert Report.decode(counts.column("report")[0].as_py()).kind is Kind.SCHEMA_CHANGE
 
 
 def test_a_column_without_a_type_cannot_evolve_by_itself() -> None:
     geometry = {"type": "struct", "fields": [], "name": "io.debezium.data.geometry.Point", "field": "where"}
     task = DecodeTask(spec=spec(), dead_letters=None)
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(ReportedFailure) as caught:
         list(task(iter([kafka_batch([(key(1), wrapped(change("c", after={"id": 1}), [ID, NAME, geometry]))])])))
-    error = schema_change_error(str(caught.value))
+    error = caught.value.report.error()
+    assert isinstance(error, SchemaChangeError)
     assert not error.additive and error.unmapped == ["where"]
     assert "declare the type of 'where' under sources.orders.columns" in (error.hint or "")
 
@@ -469,7 +470,7 @@ def test_avro_writer_schemas_with_a_new_field_are_a_schema_change(registry: Any)
         ],
     )
     assert rows[0]["_dlq_reason"] is None
-    detail = json.loads(rows[1]["_dlq_reason"][len(SCHEMA_CHANGE_MARKER) :])
+    detail = Report.decode(rows[1]["_dlq_report"]).fields
     assert detail["added"] == ["qty"] and ["qty", "smallint", None] in detail["fields"]
 
 

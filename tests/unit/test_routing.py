@@ -7,7 +7,6 @@ migrations render from, and the executor task that splits a batch by topic.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,11 @@ import pytest
 from cdcsync.config import routing
 from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema, validate_pipeline_dict
 from cdcsync.core.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
+from cdcsync.core.reports import Kind, Report
 from cdcsync.engine.batch import RoutedStageTask, raise_reported
 from cdcsync.migrations import postgres as migrations
-from cdcsync.sources.debezium import DecodeSpec
-from cdcsync.sources.kafka import NEW_TOPIC_MARKER, DecodeTask, TopicDecoders, spark_kafka_options
+from cdcsync.sources.debezium.spec import DecodeSpec
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
 from tests.unit.test_debezium_decode import change, dumps, kafka_batch
 
 pytestmark = pytest.mark.unit
@@ -280,7 +280,7 @@ def test_one_pass_decodes_each_topic_with_its_table_and_stages_it_into_its_sinks
     [counts] = list(
         task(iter([topic_batch("shop.public.orders", orders, 10), topic_batch("shop.public.lines", lines, 0)]))
     )
-    assert counts.column("rows").to_pylist() == [2, 3] and counts.column("failure").null_count == 2
+    assert counts.column("rows").to_pylist() == [2, 3] and counts.column("report").null_count == 2
     [staged_lines] = to_lines.tables
     assert staged_lines.column("sku").to_pylist() == ["s1", "s2", "s3"] and "amount" not in staged_lines.column_names
     assert to_orders.tables[0].column("id").to_pylist() == [1, 2]
@@ -293,14 +293,11 @@ def test_a_topic_init_did_not_know_stops_the_batch_naming_it() -> None:
     message = [(dumps({"id": 1}), dumps(change("c", after={"id": 1})))]
     batches = [topic_batch("shop.public.orders", message, 5), topic_batch("shop.public.refunds", message, 7)]
     [report] = list(task(iter(batches)))
-    failure = report.column("failure")[0].as_py()
-    assert failure.startswith(NEW_TOPIC_MARKER) and not known.tables  # nothing staged
-    assert json.loads(failure[len(NEW_TOPIC_MARKER) :]) == {
-        "source": "cdc",
-        "topic": "shop.public.refunds",
-        "partition": 3,
-        "offset": 7,
-    }
+    failure = report.column("report")[0].as_py()
+    assert Report.decode(failure) == Report(
+        Kind.NEW_TOPIC, {"source": "cdc", "topic": "shop.public.refunds", "partition": 3, "offset": 7}
+    )
+    assert not known.tables  # nothing staged
     with pytest.raises(NewTopicError) as caught:
         raise_reported([failure], "staging batch 4", "shop.yaml")
     error = caught.value

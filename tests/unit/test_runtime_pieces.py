@@ -10,7 +10,8 @@ import pytest
 
 from cdcsync.config.settings import load_settings, redact_dsn
 from cdcsync.core.errors import ConfigError, SinkError, UndecodableMessage, exit_code_for
-from cdcsync.db.executor_errors import DECODE_FAILURE_MARKER, RETRIABLE_MARKER, executor_error
+from cdcsync.core.reports import ReportedFailure, undecodable, write_failed
+from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import with_retries
 from cdcsync.runtime.status import committed_offsets
@@ -105,16 +106,21 @@ def test_retries_give_up_after_the_last_attempt() -> None:
 
 
 def test_executor_errors_keep_their_classification() -> None:
+    refused = ReportedFailure(write_failed("sink 'm': COPY failed: connection refused", retriable=True))
     wrapped = (
         "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
         '  File "x.py", line 1\n'
-        f"RuntimeError: sink 'm': COPY failed: connection refused {RETRIABLE_MARKER}\n\tat org.apache..."
+        f"cdcsync.core.reports.ReportedFailure: {refused}\n\tat org.apache..."
     )
     error = executor_error(RuntimeError(wrapped), "staging batch 3")
     assert isinstance(error, SinkError) and error.retriable
     assert str(error) == "staging batch 3: sink 'm': COPY failed: connection refused"
-    decode = executor_error(RuntimeError(f"RuntimeError: {DECODE_FAILURE_MARKER} message at t/0@5 ..."), "x")
-    assert isinstance(decode, UndecodableMessage) and exit_code_for(decode) == 1 and "t/0@5" in str(decode)
+    bad = ReportedFailure(undecodable("not JSON").located(topic="t", partition=0, offset=5))
+    decode = executor_error(RuntimeError(f"PythonException: ReportedFailure: {bad}"), "x")
+    assert isinstance(decode, UndecodableMessage) and exit_code_for(decode) == 1
+    assert str(decode) == "message at t/0@5 could not be decoded: not JSON"
+    crash = executor_error(RuntimeError(f"{wrapped[:60]}\nZeroDivisionError: division by zero\n"), "x")
+    assert isinstance(crash, SinkError) and not crash.retriable and str(crash) == "x: division by zero"
 
 
 def test_lag_per_partition_from_progress() -> None:
@@ -186,16 +192,18 @@ def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatc
     assert any("CDCSYNC__DEVSTACK__POSTGRES_PORT" in problem for problem in caught.value.problems)
 
 
-def test_task_failures_carry_the_retriable_marker_only_when_a_retry_may_help() -> None:
+def test_task_failures_report_whether_a_retry_may_help() -> None:
     import psycopg
 
     from cdcsync.db.executor_errors import task_failure
 
     refused = task_failure("sink 'm': COPY failed", psycopg.OperationalError("connection refused"))
-    assert str(refused) == f"sink 'm': COPY failed: connection refused {RETRIABLE_MARKER}"
+    assert refused.report == write_failed("sink 'm': COPY failed: connection refused", retriable=True)
+    assert str(refused).startswith("sink 'm': COPY failed: connection refused [cdcsync-report:")
     bug = task_failure("sink 'm': COPY failed", psycopg.ProgrammingError("syntax error"))
-    assert RETRIABLE_MARKER not in str(bug)
+    assert bug.report.fields["retriable"] is False
     assert executor_error(refused, "staging batch 1").retriable
+    assert not executor_error(bug, "staging batch 1").retriable
 
 
 def test_newest_per_key_carries_unchanged_toasted_arrays() -> None:

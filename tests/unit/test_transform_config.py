@@ -12,7 +12,7 @@ from cdcsync.config.compile import METADATA_TYPES
 from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
 from cdcsync.config.types import PgType, parse_pg_type
 from cdcsync.core.errors import ConfigError, exit_code_for
-from cdcsync.sources.debezium import CDC_COLUMNS
+from cdcsync.sources.debezium.envelope import CDC_COLUMNS
 
 pytestmark = pytest.mark.unit
 

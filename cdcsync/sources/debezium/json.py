@@ -1,0 +1,202 @@
+"""Debezium JsonConverter messages, with and without schemas.
+
+Both shapes are understood: ``{"schema": ..., "payload": ...}`` (``schemas.enable=true``; the schema's logical
+type names and parameters decide how a value is read, e.g. the scale of a Connect ``Decimal``) and the bare payload
+(``schemas.enable=false``; values are read by the declared Postgres type alone). Without the schema wrapper a
+string in a ``numeric`` column is read as a decimal literal; Connect ``Decimal`` bytes (base64) need the wrapper
+to know their scale, so run Debezium with ``decimal.handling.mode=string`` (or keep schemas enabled) when
+schemas are off.
+
+Speed: messages are parsed with orjson when it is installed (else the standard library), and the Connect schema
+of a wrapped message is parsed once per distinct schema, not per message.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.core.reports import Report
+from cdcsync.sources.debezium.connect import row_fields, schema_change_of
+from cdcsync.sources.debezium.plan import RowPlan
+from cdcsync.sources.debezium.values import Ctx, Reparse, describe_json, fast_loads
+
+if TYPE_CHECKING:
+    from cdcsync.sources.debezium.spec import DecodeSpec
+
+_WRAPPED_PREFIX = b'{"schema":'
+_PAYLOAD_MARK = b',"payload":'
+_SCHEMA_CACHE: dict[bytes, dict[str, Any]] = {}
+_SCHEMA_CACHE_SIZE = 256
+_RECENT_SCHEMAS: list[tuple[bytes, dict[str, Any]]] = []  # (b'{"schema":' + schema bytes, parsed), newest first
+_RECENT_SCHEMAS_SIZE = 8
+
+
+def _loads_exact(raw: bytes, what: str) -> tuple[Any, str | None]:
+    """Parse with the standard library (exact Decimals for non-integers, NaN/Infinity literals accepted);
+    returns (object, None) or (None, reason)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, f"{what} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position {error.start})"
+    try:
+        return json.loads(text, parse_float=Decimal), None
+    except json.JSONDecodeError as error:
+        return None, f"{what} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+    except ValueError as error:  # e.g. an integer with more digits than Python converts
+        return None, f"{what} is not usable JSON: {error}"
+    except RecursionError:
+        return None, f"{what} is not usable JSON: nested too deeply"
+
+
+def _loads(raw: bytes, what: str) -> tuple[Any, str | None]:
+    try:
+        return fast_loads(raw), None
+    except Exception:  # invalid JSON, or a number the fast parser refuses: let the exact parser decide
+        return _loads_exact(raw, what)
+
+
+def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
+    """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message (``raw`` starts with
+    ``_WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path.
+
+    JsonConverter writes the schema first, byte-identical for every message of a table. A message that starts
+    with the exact bytes of a schema seen before, followed by ``,"payload":``, has that schema (it is a complete
+    JSON value, so it fixes the structure); that check is a memcmp. Otherwise the schema ends at the first
+    ``,"payload":``: a false one inside the schema leaves an unbalanced prefix that does not parse."""
+    if not raw.endswith(b"}"):
+        return None
+    schema: dict[str, Any] | None = None
+    for prefix, known in _RECENT_SCHEMAS:
+        if raw.startswith(prefix) and raw.startswith(_PAYLOAD_MARK, len(prefix)):
+            schema, split = known, len(prefix)
+            break
+    if schema is None:
+        split = raw.find(_PAYLOAD_MARK, 10)
+        if split < 0:
+            return None
+        schema_bytes = raw[10:split]
+        cached = _SCHEMA_CACHE.get(schema_bytes)
+        if cached is None:
+            try:
+                cached = fast_loads(schema_bytes)
+            except Exception:
+                return None
+            if type(cached) is not dict:
+                return None
+            if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
+                _SCHEMA_CACHE.clear()
+            _SCHEMA_CACHE[schema_bytes] = cached
+        schema = cached
+        _RECENT_SCHEMAS.insert(0, (raw[:split], schema))
+        del _RECENT_SCHEMAS[_RECENT_SCHEMAS_SIZE:]
+    try:
+        payload = fast_loads(raw[split + 11 : -1])
+    except Exception:
+        return None
+    return schema, payload
+
+
+def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, Any]] | str:
+    """(schema or None, payload object) of a parsed message, or the reason it is not one."""
+    if type(document) is not dict:
+        return f"{what} is {describe_json(document)}, not a JSON object"
+    if "schema" in document or "payload" in document:
+        if "payload" not in document:
+            return f"{what} has a 'schema' but no 'payload'"
+        payload = document["payload"]
+        schema = document.get("schema")
+        if type(payload) is not dict:
+            return f"{what} 'payload' is {describe_json(payload)}, not a JSON object"
+        return (schema if type(schema) is dict else None), payload
+    return None, document
+
+
+class JsonPlan(RowPlan):
+    """The plan of a ``format: json`` source: JsonConverter messages and keys into the generated row decoder."""
+
+    def __init__(self, spec: DecodeSpec) -> None:
+        super().__init__(spec)
+        self._schema_checks: dict[int, tuple[dict[str, Any], Report | None]] = {}
+
+    # ---- one message -----------------------------------------------------------------------------------------
+
+    def decode_message(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str | Report:
+        schema: dict[str, Any] | None = None
+        parts = _fast_wrapped(raw) if raw.startswith(_WRAPPED_PREFIX) else None
+        if parts is not None:
+            schema, payload = parts
+        else:
+            try:
+                payload = fast_loads(raw)
+            except Exception:  # not JSON, or JSON the fast parser refuses: the exact parser decides
+                return self._decode_exactly(raw, key_raw)
+            if type(payload) is not dict or "schema" in payload or "payload" in payload:
+                unwrapped = _unwrap(payload, "value")
+                if isinstance(unwrapped, str):
+                    return unwrapped
+                schema, payload = unwrapped
+        if type(payload) is not dict:
+            return f"value 'payload' is {describe_json(payload)}, not a JSON object"
+        if schema is not None and self.spec.detect_schema_changes:
+            change = self._schema_change(schema)
+            if change is not None:
+                return change
+        try:
+            return self.decode_payload(payload, schema, raw, key_raw)
+        except Reparse:
+            return self._decode_exactly(raw, key_raw)
+
+    def _schema_change(self, schema: dict[str, Any]) -> Report | None:
+        """:func:`schema_change_of` for a message's envelope schema, once per distinct schema (the schema object
+        is kept with its result, so its id cannot be reused while the entry lives)."""
+        found = self._schema_checks.get(id(schema))
+        if found is None or found[0] is not schema:
+            fields = row_fields(schema)
+            found = (schema, schema_change_of(self.spec, fields) if fields is not None else None)
+            if len(self._schema_checks) >= _SCHEMA_CACHE_SIZE:
+                self._schema_checks.clear()
+            self._schema_checks[id(schema)] = found
+        return found[1]
+
+    def _decode_exactly(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str | Report:
+        """The slow path: the standard library parser, with exact Decimals for every non-integer number."""
+        document, reason = _loads_exact(raw, "value")
+        if reason is not None:
+            return reason
+        unwrapped = _unwrap(document, "value")
+        if isinstance(unwrapped, str):
+            return unwrapped
+        schema, payload = unwrapped
+        if schema is not None and self.spec.detect_schema_changes:
+            change = self._schema_change(schema)
+            if change is not None:
+                return change
+        try:
+            return self.decode_payload(payload, schema, raw, key_raw)
+        except Reparse:  # pragma: no cover - exact parsing yields no doubles
+            return "value: a number could not be read exactly"
+
+    # ---- the primary key -------------------------------------------------------------------------------------
+
+    def read_key(self, key_raw: bytes | None, exact: bool) -> tuple[dict[str, Any], Ctx, str | None]:
+        """A JsonConverter key, with or without its schema (which decides how its values are read)."""
+        ctx: Ctx = (None, "", key_raw or b"")
+        if key_raw is None:
+            return {}, ctx, "message has no key"
+        parts = _fast_wrapped(key_raw) if not exact and key_raw.startswith(_WRAPPED_PREFIX) else None
+        if parts is None:
+            document, reason = _loads_exact(key_raw, "message key") if exact else _loads(key_raw, "message key")
+            if reason is not None:
+                return {}, ctx, reason
+            if type(document) is dict and ("schema" in document or "payload" in document):
+                parts = _unwrap(document, "message key")  # type: ignore[assignment]
+                if type(parts) is str:
+                    return {}, ctx, parts
+            else:
+                parts = None, document  # type: ignore[assignment]
+        schema, key = parts  # type: ignore[misc]
+        if type(key) is not dict:
+            return {}, ctx, f"message key is {describe_json(key)}, not a JSON object of key columns"
+        return key, (schema, "", key_raw), None

@@ -1,0 +1,308 @@
+"""One spec's decoding plan: the converters, a generated row decoder, and the assembly of output batches.
+
+:class:`RowPlan` is what both formats share; :class:`~cdcsync.sources.debezium.json.JsonPlan` and
+:class:`~cdcsync.sources.debezium.avro.AvroPlan` read their messages into Debezium payloads and keys and hand
+them to the generated decoder. Plans are cached per spec and executor process
+(:func:`cdcsync.sources.debezium.dispatch.plan_for`).
+
+Speed (``benchmarks/decode.py``): each spec gets a generated row decoder with the common cases inlined; decimals
+travel as unscaled integers into ``decimal128``; the cyclic garbage collector is paused while a batch is decoded.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.core.errors import DecodeError
+from cdcsync.core.reports import Report, undecodable
+from cdcsync.sources.debezium.converters import converter_for
+from cdcsync.sources.debezium.envelope import (
+    PAYLOAD_HEAD,
+    PAYLOAD_TAIL,
+    SNAPSHOT_SHIFT,
+    envelope_namespace,
+)
+from cdcsync.sources.debezium.spec import output_arrow_schema
+from cdcsync.sources.debezium.values import INT_RANGES, MAX_US, MIN_US, Ctx, Reject, Reparse
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from cdcsync.sources.debezium.spec import DecodeSpec
+
+# Inline tests for values that are already what the output column holds, so that the common case costs no
+# function call; everything else goes through the column's converter.
+_INLINE_CHECKS: dict[str, str] = {
+    "double precision": "type({v}) is float",
+    "boolean": "{v} is True or {v} is False",
+    "text": 'type({v}) is str and "\\x00" not in {v}',
+}
+
+
+def compile_payload_decoder(plan: RowPlan) -> Callable[[dict[str, Any], Any, bytes, Any], list[Any] | str]:
+    """Generate ``decode_payload(payload, schema, raw, key_raw) -> row list | reason`` for one spec.
+
+    The per-column loop is unrolled and the common already-right values (an in-range int for an integer
+    column, a str for text, ...) are accepted inline, which saves a loop step and a function call per column
+    and message. Column names only ever appear as ``repr`` literals, so any name is safe. The envelope around
+    the columns (``op``, the ``source`` block) is :mod:`cdcsync.sources.debezium.envelope`'s."""
+    namespace: dict[str, Any] = {
+        **envelope_namespace(),
+        "Reject": Reject,
+        "key_from_message": plan.key_from_message,
+        "key_fallback": plan.key_fallback,
+    }
+    lines = [PAYLOAD_HEAD.strip("\n")]
+    for i, ((name, pg), convert) in enumerate(zip(plan.spec.columns, plan.converters, strict=True)):
+        v = f"v{i}"
+        namespace[f"c{i}"] = convert
+        namespace[f"m{i}"] = f"column '{name}': "
+        if pg.name in INT_RANGES:
+            bound = INT_RANGES[pg.name]
+            check: str | None = f"type({v}) is int and {-bound} <= {v} <= {bound - 1}"
+        elif pg.name == "character varying" and not pg.args:
+            check = _INLINE_CHECKS["text"].format(v=v)
+        else:
+            template = _INLINE_CHECKS.get(pg.name)
+            check = template.format(v=v) if template else None
+        lines.append(f"    {v} = row.get({name!r})")
+        lines.append(f"    if {v} is not None" + (f" and not ({check}):" if check else ":"))
+        lines += [
+            "        try:",
+            f"            {v} = c{i}({v}, ctx)",
+            "        except Reject as error:",
+            f"            return m{i} + str(error)",
+        ]
+    lines.append("    values = [" + ", ".join(f"v{i}" for i in range(len(plan.names))) + "]")
+    if plan.pk_index is None:
+        lines += [
+            "    reason = key_from_message(values, key_raw)",
+            "    if reason is not None:",
+            "        return reason",
+        ]
+    else:
+        lines += [
+            "    if " + " or ".join(f"v{i} is None" for i in plan.pk_index) + ":",
+            "        reason = key_fallback(values, key_raw)",
+            "        if reason is not None:",
+            "            return reason",
+        ]
+    source = "\n".join(lines) + "\n" + PAYLOAD_TAIL
+    # A truncate (op 't') has no row and no key: every business column is null; the sinks apply it by version.
+    source += f"\ndef decode_truncate(payload):\n    op = 't'\n    values = [None] * {len(plan.names)}\n"
+    source += PAYLOAD_TAIL
+    exec(compile(source, f"<cdcsync decoder for source {plan.spec.source_id!r}>", "exec"), namespace)
+    return namespace["decode_payload"]
+
+
+class RowPlan:
+    """Per-spec precomputation: converters, key handling and output types. A format's plan reads its messages
+    (:meth:`decode_message`) and message keys (:meth:`read_key`); the rest is shared."""
+
+    def __init__(self, spec: DecodeSpec) -> None:
+        import pyarrow as pa
+
+        self.spec = spec
+        self.names = [name for name, _ in spec.columns]
+        if len(set(self.names)) != len(self.names):
+            raise DecodeError(f"source '{spec.source_id}': a column is declared twice")
+        self.index = {name: i for i, name in enumerate(self.names)}
+        time_mode = spec.time_precision_mode if spec.format == "json" else None  # Avro values arrive scaled
+        self.converters = [converter_for(name, pg, spec.source_id, time_mode) for name, pg in spec.columns]
+        if spec.primary_key is not None:
+            missing = [k for k in spec.primary_key if k not in self.index]
+            if missing:
+                raise DecodeError(f"source '{spec.source_id}': primary key column '{missing[0]}' is not declared")
+            self.pk_index: list[int] | None = [self.index[k] for k in spec.primary_key]
+        else:
+            self.pk_index = None
+        self.schema = output_arrow_schema(spec)
+        width = len(self.names) + 3  # business columns, then _cdc_op, _cdc_version, _cdc_ts
+        self.row_types = [self.schema.field(i).type for i in range(width)]
+        self.null_row = [None] * width
+        self.pa = pa
+        self.decode_payload = compile_payload_decoder(self)
+
+    def begin_task(self) -> None:
+        """Called at the start of each Spark task (one :func:`~cdcsync.sources.debezium.dispatch.decode_batches`
+        call), for per-task state."""
+
+    def decode_message(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str | Report:
+        """One message: the output row, a dead-letter reason, or a report that stops the batch."""
+        raise NotImplementedError
+
+    def read_key(self, key_raw: bytes | None, exact: bool) -> tuple[dict[str, Any], Ctx, str | None]:
+        """(the message key's fields, the context their converters get, None), or ({}, ctx, why not). ``exact``
+        is the second attempt, after a converter asked for the exact text of a number (:class:`Reparse`)."""
+        raise NotImplementedError
+
+    # ---- the primary key -------------------------------------------------------------------------------------
+
+    def key_fallback(self, values: list[Any], key_raw: bytes | None) -> str | None:
+        """Fill the null declared key columns of ``values`` from the message key; a dead-letter reason if not."""
+        try:
+            return self._key_fallback(values, key_raw, exact=False)
+        except Reparse:
+            return self._key_fallback(values, key_raw, exact=True)
+
+    def key_from_message(self, values: list[Any], key_raw: bytes | None) -> str | None:
+        """No declared primary key: the message key's fields are the key columns and override the row's."""
+        try:
+            return self._key_from_message(values, key_raw, exact=False)
+        except Reparse:
+            return self._key_from_message(values, key_raw, exact=True)
+
+    def _key_fallback(self, values: list[Any], key_raw: bytes | None, exact: bool) -> str | None:
+        assert self.pk_index is not None
+        missing = [i for i in self.pk_index if values[i] is None]
+        key, ctx, reason = self.read_key(key_raw, exact)
+        if reason is not None:
+            return f"primary key column '{self.names[missing[0]]}' is null ({reason})"
+        for i in missing:
+            name = self.names[i]
+            value = key.get(name)
+            if value is not None:
+                try:
+                    values[i] = self.converters[i](value, ctx)
+                except Reject as error:
+                    return f"message key column '{name}': {error}"
+            if values[i] is None:
+                return f"primary key column '{name}' is null"
+        return None
+
+    def _key_from_message(self, values: list[Any], key_raw: bytes | None, exact: bool) -> str | None:
+        key, ctx, reason = self.read_key(key_raw, exact)
+        if reason is not None:
+            return f"{reason}, and the source declares no primary_key to take the key from"
+        if not key:
+            return "message key has no fields, and the source declares no primary_key"
+        index = self.index
+        for name, value in key.items():
+            if name not in index:
+                return f"message key field '{name}' is not a declared column of source '{self.spec.source_id}'"
+            if value is None:
+                return f"primary key column '{name}' is null"
+            i = index[name]
+            try:
+                values[i] = self.converters[i](value, ctx)
+            except Reject as error:
+                return f"message key column '{name}': {error}"
+        return None
+
+    # ---- one batch -------------------------------------------------------------------------------------------
+
+    def decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        # Decoding allocates many short-lived containers while the output rows accumulate; the cyclic garbage
+        # collector would rescan those rows again and again, and nothing here creates reference cycles.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode_batch(batch)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        pa = self.pa
+        names = batch.schema.names
+        values_in = batch.column(names.index("value")).to_pylist()
+        keys_in = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(values_in)
+        offsets_in: list[Any] | None = None
+        kafka_ts: list[Any] | None = None
+
+        rows: list[list[Any]] = []
+        sources: list[int] = []
+        dead: list[tuple[int, str | Report]] = []  # (output row, reason or report)
+        decode = self.decode_message
+        null_row = self.null_row
+        for i, raw in enumerate(values_in):
+            if raw is None:  # tombstone
+                continue
+            try:
+                result = decode(raw, keys_in[i])
+            except Exception as error:  # a decoder bug must not fail the query: dead-letter the message
+                result = f"decoder error: {type(error).__name__}: {error}"[:300]
+            sources.append(i)
+            if type(result) is list:
+                if result[-2] is None:
+                    if offsets_in is None:
+                        offsets_in = batch.column(names.index("offset")).to_pylist()
+                    result[-2] = offsets_in[i] - (SNAPSHOT_SHIFT if result[-3] == "r" else 0)
+                if result[-1] is None:
+                    if kafka_ts is None:
+                        kafka_ts = self._kafka_micros(batch)
+                    result[-1] = kafka_ts[i]
+                rows.append(result)
+            else:
+                dead.append((len(rows), result))  # type: ignore[arg-type]
+                rows.append(null_row)
+
+        count = len(rows)
+        try:
+            arrays = self._arrays(rows)
+        except Exception:  # a converter bug, not bad input: find the rows Arrow refuses and dead-letter them
+            for row_index, row in enumerate(rows):
+                try:
+                    self._arrays([row])
+                except Exception as error:
+                    rows[row_index] = null_row
+                    dead.append((row_index, f"decoder error: {type(error).__name__}: {error}"[:300]))
+            dead.sort()
+            arrays = self._arrays(rows)
+        take = pa.array(sources, type=pa.int64())
+        for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
+            taken = batch.column(names.index(column)).take(take)
+            arrays.append(taken if taken.type == arrow_type else taken.cast(arrow_type))
+        if dead:
+            reasons: list[str | None] = [None] * count
+            reports: list[str | None] = [None] * count
+            dead_keys: list[bytes | None] = [None] * count
+            dead_values: list[bytes | None] = [None] * count
+            for at, found in dead:
+                report = undecodable(found) if type(found) is str else found
+                assert isinstance(report, Report)
+                reasons[at] = report.describe()
+                reports[at] = report.encode()
+                dead_keys[at] = keys_in[sources[at]]
+                dead_values[at] = values_in[sources[at]]
+            arrays.append(pa.array(reasons, type=pa.string()))
+            arrays.append(pa.array(reports, type=pa.string()))
+            arrays.append(pa.array(dead_keys, type=pa.binary()))
+            arrays.append(pa.array(dead_values, type=pa.binary()))
+        else:
+            arrays.append(pa.nulls(count, type=pa.string()))
+            arrays.append(pa.nulls(count, type=pa.string()))
+            arrays.append(pa.nulls(count, type=pa.binary()))
+            arrays.append(pa.nulls(count, type=pa.binary()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _arrays(self, rows: list[list[Any]]) -> list[pa.Array]:
+        columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
+        return [self._array(column, t) for column, t in zip(columns, self.row_types, strict=True)]
+
+    def _array(self, column: Any, arrow_type: pa.DataType) -> pa.Array:
+        pa = self.pa
+        if not pa.types.is_decimal(arrow_type):
+            return pa.array(column, type=arrow_type)
+        # Decimal columns hold unscaled integers: 16-byte two's complement is the decimal128 layout itself.
+        try:
+            unscaled = pa.array(column, type=pa.int64())
+        except OverflowError:
+            scale = arrow_type.scale
+            decimals = [None if u is None else Decimal(f"{u}E-{scale}") for u in column]  # exact, unlike scaleb
+            return pa.array(decimals, type=arrow_type)
+        return unscaled.cast(pa.decimal128(38, 0)).view(arrow_type)
+
+    def _kafka_micros(self, batch: pa.RecordBatch) -> list[Any]:
+        pa = self.pa
+        names = batch.schema.names
+        if "timestamp" not in names:
+            return [None] * batch.num_rows
+        column = batch.column(names.index("timestamp"))
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+        micros = column.cast(pa.int64()).to_pylist()
+        return [m if m is not None and MIN_US <= m <= MAX_US else None for m in micros]
