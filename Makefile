@@ -27,7 +27,7 @@ jars: $(JARS_STAMP)
 lint: install
 	$(BIN)/ruff check cdcsync tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-logo
 
 test: jars lint
 	$(BIN)/pytest $(PYTEST_ARGS)
