@@ -136,6 +136,59 @@ def test_every_cli_command_and_option_is_documented() -> None:
     assert missing == []
 
 
+_YAML_BLOCK_RE = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_STUB_COLUMNS = {
+    "id": "bigint",
+    "customer_id": "bigint",
+    "user_id": "bigint",
+    "event_id": "bigint",
+    "amount": "numeric(14,2)",
+    "status": "text",
+    "created_at": "timestamptz",
+}
+_STUB_SOURCES = {
+    source_id: {"type": "kafka", "topic": f"t.{source_id}", "primary_key": key, "columns": dict(_STUB_COLUMNS)}
+    for source_id, key in (("orders", "id"), ("orders.events", "id"), ("user.events", "event_id"))
+}
+
+
+def yaml_examples() -> list[tuple[str, dict[str, object]]]:
+    """(page and number, document) of every YAML example in the docs."""
+    import yaml
+
+    found = []
+    for page in pages():
+        for number, block in enumerate(_YAML_BLOCK_RE.findall(page.read_text()), 1):
+            found.append((f"{page.relative_to(ROOT)}#{number}", yaml.safe_load(block)))
+    return found
+
+
+@pytest.mark.parametrize(("where", "example"), yaml_examples(), ids=[where for where, _ in yaml_examples()])
+def test_yaml_examples_are_valid(where: str, example: dict[str, object]) -> None:
+    """Pipeline fragments validate (sources they leave out, and columns `cdcsync init` would read, are stubbed);
+    a settings example is valid settings."""
+    from cdcsync.config.pipeline import validate_pipeline_dict
+    from cdcsync.config.settings import Settings
+
+    assert isinstance(example, dict), where
+    if not {"sources", "sinks", "transforms"} & set(example):
+        Settings.model_validate(example)
+        return
+    given = example.get("sources") or _STUB_SOURCES
+    assert isinstance(given, dict), where
+    sources = {source_id: dict(source) for source_id, source in given.items()}
+    for source in sources.values():
+        if "topic" in source:
+            source["columns"] = {**_STUB_COLUMNS, **source.get("columns", {})}
+    pipeline = {
+        "name": example.get("name", "docs"),
+        "sources": sources,
+        "transforms": example.get("transforms") or {},
+        "sinks": example.get("sinks") or {"stub": {"type": "postgres", "from": next(iter(sources)), "table": "t"}},
+    }
+    validate_pipeline_dict(pipeline)
+
+
 # The checks above must be able to fail: each is exercised once on a page that is wrong on purpose.
 
 
