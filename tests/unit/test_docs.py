@@ -117,6 +117,7 @@ def test_every_cli_command_and_option_is_documented() -> None:
     from cdcsync.cli import app
 
     documented = "\n".join(page.read_text() for page in pages())
+    flat = " ".join(documented.split())
     missing = []
 
     def visit(command: click.Command, path: list[str]) -> None:
@@ -124,6 +125,10 @@ def test_every_cli_command_and_option_is_documented() -> None:
             parents = "".join(f"{name} " for name in path[:-1])
             if not re.search(rf"cdcsync {parents}(?:[\w-]+ \| )*{path[-1]}\b", documented):
                 missing.append(f"command: cdcsync {' '.join(path)}")
+        if path and not isinstance(command, click.Group):  # its --help's first paragraph, word for word
+            summary = " ".join((command.help or "").split("\n\n")[0].split())
+            if summary not in flat:
+                missing.append(f"help of cdcsync {' '.join(path)}: {summary!r}")
         for param in command.params:
             for option in getattr(param, "opts", []):
                 if option.startswith("--") and option != "--help" and option not in documented:
