@@ -26,13 +26,16 @@ from cdcsync.core.errors import CdcsyncError, exit_code_for
 
 app = typer.Typer(
     name="cdcsync",
-    help="Debezium changelogs from Kafka through Spark into exactly-equal Postgres targets.",
+    help="Debezium changelogs from Kafka through Spark into Postgres mirrors, Postgres aggregation tables and "
+    "ClickHouse tables, each change applied exactly once. Exit codes: 0 ok, 1 runtime failure, 2 invalid input.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 dev_app = typer.Typer(
-    help="Local services (Postgres, Kafka) for demos and tests; no Docker needed.", no_args_is_help=True
+    help="Local services for demos and tests (Postgres, Kafka, a schema registry, ClickHouse; Debezium on request), "
+    "as plain processes on 127.0.0.1; no Docker needed.",
+    no_args_is_help=True,
 )
 app.add_typer(dev_app, name="dev")
 
@@ -44,7 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PipelineArg = Annotated[Path, typer.Argument(help="Pipeline YAML file.", show_default=False)]
 MigrationsDirOpt = Annotated[
-    Path | None, typer.Option("--migrations-dir", help="Where migrations live (default ./migrations).")
+    Path | None,
+    typer.Option("--migrations-dir", help="Where migrations live (CDCSYNC__MIGRATIONS_DIR; default ./migrations)."),
 ]
 
 
@@ -61,7 +65,8 @@ def main_callback(
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="Checkpoints and dev-stack data (CDCSYNC__STATE_DIR).")
+        Path | None,
+        typer.Option("--state-dir", help="Checkpoints and dev-stack data (CDCSYNC__STATE_DIR; default ./.cdcsync)."),
     ] = None,
 ) -> None:
     _state["debug"] = debug
@@ -111,8 +116,10 @@ def _pipeline(path: Path, settings: Settings) -> Pipeline:
 @app.command()
 @handles_errors
 def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
-    """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid). Offline: columns
-    come from the file and from what `cdcsync init` recorded in the migrations."""
+    """Check a pipeline file, reporting every problem with its YAML path (exit 2 when invalid).
+
+    Offline: columns come from the file and from what `cdcsync init` recorded in the migrations.
+    """
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
     tables = sum(len(route) for route in pipeline.routes.values())
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
@@ -129,8 +136,11 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
 @app.command()
 @handles_errors
 def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
-    """Read each source's columns from its topic's schema (schema registry for Avro, the newest messages for JSON;
-    declared `columns:` override them) and render the DDL into the next numbered migration file(s) for review."""
+    """Read the sources' columns and render the DDL into the next numbered migration file(s), for review.
+
+    Columns come from each topic's schema (the schema registry for Avro, the newest messages for JSON); declared
+    `columns:` override them. Only what is new gets a file; destructive changes are refused (exit 2).
+    """
     from cdcsync.migrations import clickhouse as clickhouse_migrations
     from cdcsync.migrations import postgres as migrations
     from cdcsync.sources.introspect import init_lookup
@@ -158,8 +168,10 @@ def migrate(
     migrations_dir: MigrationsDirOpt = None,
     status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
 ) -> None:
-    """Apply pending migrations to Postgres and, for ClickHouse sinks, ClickHouse (development and demos; a DBA
-    may use psql / clickhouse-client instead)."""
+    """Apply pending migrations to Postgres and, for ClickHouse sinks, to ClickHouse.
+
+    For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
+    """
     from cdcsync.db.clickhouse import connect_from_settings
     from cdcsync.migrations import clickhouse as clickhouse_migrations
     from cdcsync.migrations import postgres as migrations
@@ -215,7 +227,11 @@ def run(
     ] = False,
     migrations_dir: MigrationsDirOpt = None,
 ) -> None:
-    """Stream the pipeline. Ctrl-C (or SIGTERM) finishes the current batch and exits cleanly."""
+    """Stream the pipeline from Kafka into its targets, each change exactly once.
+
+    Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
+    batch and exits 0.
+    """
     from cdcsync.migrations import postgres as migrations
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
@@ -264,7 +280,7 @@ def run(
 @app.command()
 @handles_errors
 def status(pipeline_file: PipelineArg) -> None:
-    """Lag per partition, last committed batch and row counts per sink."""
+    """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running)."""
     from cdcsync.runtime.status import pipeline_status
 
     settings = _settings()
@@ -327,7 +343,7 @@ def dev_up(
         ),
     ] = False,
 ) -> None:
-    """Start Postgres and Kafka locally (idempotent)."""
+    """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
     err.print("starting the dev stack (first run downloads Kafka jars) …")
@@ -347,7 +363,7 @@ def dev_down() -> None:
 @dev_app.command("status")
 @handles_errors
 def dev_status() -> None:
-    """Show whether the dev services are running."""
+    """Show whether each dev service is running, with its pid, address and log file."""
     from cdcsync.devstack import status as stack_status
 
     _print_stack_status(stack_status(_devstack_config()))

@@ -70,7 +70,7 @@ class ClickHouseWriter:
         if table.num_rows == 0:
             return 0
         token = deduplication_token(self.token_prefix, table)  # from every row read, so it names the whole range
-        # A source TRUNCATE (op 't', a row without key) is not applied to ClickHouse tables yet; see the README.
+        # A source TRUNCATE (op 't', a row without key) is not applied to ClickHouse tables yet; see docs/clickhouse.md.
         table = table.filter(pc.not_equal(table.column("_cdc_op"), "t"))
         if table.num_rows == 0:
             return 0
