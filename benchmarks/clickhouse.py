@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
 from cdcsync import migrations
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.db.clickhouse import connect
 from cdcsync.devstack import workload

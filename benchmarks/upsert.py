@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
 from benchmarks.decode import decoder_seconds, registry_standin
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload

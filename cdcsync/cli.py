@@ -20,7 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cdcsync import __version__
-from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
+from cdcsync.config.load import load_pipeline
+from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.config.settings import Settings, load_settings
 from cdcsync.core.errors import CdcsyncError, exit_code_for
 

@@ -52,7 +52,7 @@ def recorded_tables(
 
 
 def recorded_lookup(migrations_dir: Path | str) -> SchemaLookup:
-    """A ``schema_for`` for :func:`~cdcsync.config.pipeline.load_pipeline`: the schemas recorded in the
+    """A ``schema_for`` for :func:`~cdcsync.config.load.load_pipeline`: the schemas recorded in the
     migrations. A source whose topic changed since has none (``init`` reads the new topic's)."""
     cache: dict[str, dict[str, tuple[str, SourceSchema]]] = {}
 

@@ -196,7 +196,7 @@ class BatchHandler:
         batch is then landed again, new columns (or table) and all."""
         assert self.settings is not None
         from cdcsync import migrations
-        from cdcsync.config.pipeline import load_pipeline
+        from cdcsync.config.load import load_pipeline
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")

@@ -24,7 +24,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdcsync import migrations
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 

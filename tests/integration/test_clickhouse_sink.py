@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from cdcsync import migrations
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
 from cdcsync.migrations import CLICKHOUSE, POSTGRES
 from cdcsync.migrations import clickhouse as ch_migrations

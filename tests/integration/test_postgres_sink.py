@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from cdcsync import migrations
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 

@@ -131,7 +131,7 @@ def test_init_renders_a_table_per_matching_topic_and_later_only_the_new_one(
     assert primary_keys(postgres_dsn, schema) == {"public_lines": ["order_id", "line"], "public_orders": ["id"]}
 
     # status reports each table's topic and sink
-    from cdcsync.config.pipeline import load_pipeline
+    from cdcsync.config.load import load_pipeline
     from cdcsync.config.settings import load_settings
     from cdcsync.runtime.status import pipeline_status
 

@@ -10,7 +10,7 @@ import pytest
 
 import cdcsync
 from cdcsync import migrations
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.core.errors import MigrationError
 from cdcsync.migrations import POSTGRES
 from tests.unit.test_pipeline_config import problems_of, with_change

@@ -15,7 +15,8 @@ from sqlglot import exp
 import cdcsync
 from cdcsync import migrations
 from cdcsync.config import clickhouse_types
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import ConfigError, MigrationError
 from cdcsync.migrations import CLICKHOUSE, POSTGRES

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from cdcsync import migrations
-from cdcsync.config.pipeline import KafkaSource, SourceSchema, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import KafkaSource, SourceSchema
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import ConfigError, SchemaChangeError
 from cdcsync.engine.batch import StageTask

@@ -13,7 +13,8 @@ from sqlglot import exp as sqlglot_exp
 
 import cdcsync
 from cdcsync import migrations
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
 from cdcsync.migrations import POSTGRES
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cdcsync import migrations
-from cdcsync.config.pipeline import load_pipeline, validate_pipeline_dict
+from cdcsync.config.load import load_pipeline, validate_pipeline_dict
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
 from cdcsync.core.errors import ConfigError, exit_code_for
 from cdcsync.migrations import POSTGRES

@@ -16,7 +16,8 @@ import pytest
 
 from cdcsync import migrations
 from cdcsync.config import routing
-from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema
 from cdcsync.core.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
 from cdcsync.engine.batch import RoutedStageTask, raise_reported
 from cdcsync.migrations import CLICKHOUSE, POSTGRES

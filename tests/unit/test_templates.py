@@ -20,7 +20,8 @@ from sqlglot import exp
 
 import cdcsync
 from cdcsync import migrations
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core import names
 from cdcsync.core.errors import ConfigError
 from cdcsync.migrations import POSTGRES
