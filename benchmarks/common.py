@@ -96,8 +96,9 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
     """Settings for one benchmark pipeline (own state and migrations), with its migrations applied to ``dsn``."""
     import psycopg
 
+    from cdcsync import migrations
     from cdcsync.config.settings import load_settings
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync.migrations import POSTGRES
 
     settings = load_settings(
         postgres__dsn=dsn,
@@ -105,9 +106,9 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
         state_dir=root / pipeline.name / "state",
         migrations_dir=root / pipeline.name / "migrations",
     )
-    migrations.init(pipeline, settings.migrations_dir)
+    migrations.init(POSTGRES, pipeline, settings.migrations_dir)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
     return settings
 
 

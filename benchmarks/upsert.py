@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
 from benchmarks.decode import decoder_seconds, registry_standin
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
@@ -205,7 +205,8 @@ def mirror(
     """Migrations into a fresh database, then the pipeline ``--available-now``, timed."""
     import psycopg
 
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync import migrations
+    from cdcsync.migrations import POSTGRES
 
     one.dsn = fresh_database(admin_dsn, "bench")
     source: dict[str, Any] = {
@@ -231,9 +232,9 @@ def mirror(
         state_dir=root / "state" / one.name,
         migrations_dir=root / "migrations" / one.name,
     )
-    migrations.init(pipeline, settings.migrations_dir)
+    migrations.init(POSTGRES, pipeline, settings.migrations_dir)
     with psycopg.connect(one.dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
     t0 = time.perf_counter()
     snapshot = PipelineRunner(pipeline, settings, available_now=True).run(spark)
     one.total_s = time.perf_counter() - t0

@@ -20,8 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from cdcsync import __version__
-from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
-from cdcsync.config.settings import Settings, load_settings, redact_dsn
+from cdcsync.config.load import load_pipeline
+from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink
+from cdcsync.config.settings import Settings, load_settings
 from cdcsync.core.errors import CdcsyncError, exit_code_for
 
 app = typer.Typer(
@@ -105,7 +106,7 @@ def _settings(migrations_dir: Path | None = None) -> Settings:
 
 def _pipeline(path: Path, settings: Settings) -> Pipeline:
     """The pipeline, its sources' columns completed from what the migrations recorded (no registry, no Kafka)."""
-    from cdcsync.migrations.postgres import recorded_lookup
+    from cdcsync.migrations import recorded_lookup
 
     return load_pipeline(path, recorded_lookup(settings.migrations_dir))
 
@@ -141,8 +142,7 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
     Columns come from each topic's schema (the schema registry for Avro, the newest messages for JSON); declared
     `columns:` override them. Only what is new gets a file; destructive changes are refused (exit 2).
     """
-    from cdcsync.migrations import clickhouse as clickhouse_migrations
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync import migrations
     from cdcsync.sources.introspect import init_lookup
 
     settings = _settings(migrations_dir)
@@ -152,12 +152,13 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
     finally:
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    result = migrations.init(pipeline, settings.migrations_dir)
-    out.print(result.summary(), highlight=False)
-    clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
-    if pipeline.clickhouse_sinks():
-        out.print(clickhouse.summary(), highlight=False)
-    if not (result.up_to_date and clickhouse.up_to_date):
+    up_to_date = True
+    for target in migrations.TARGETS:
+        result = migrations.init(target, pipeline, settings.migrations_dir)
+        if target.used_by(pipeline):
+            out.print(result.summary(), highlight=False)
+        up_to_date = up_to_date and result.up_to_date
+    if not up_to_date:
         out.print(f"review them, then apply with `cdcsync migrate {pipeline_file}` (or psql -f)", highlight=False)
 
 
@@ -172,27 +173,28 @@ def migrate(
 
     For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
     """
-    from cdcsync.db.clickhouse import connect_from_settings
-    from cdcsync.migrations import clickhouse as clickhouse_migrations
-    from cdcsync.migrations import postgres as migrations
+    from contextlib import ExitStack
+
+    from cdcsync import migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
-    clickhouse = connect_from_settings(settings) if pipeline.clickhouse_sinks() else None
-    with _connect(settings) as conn:
+    with ExitStack() as stack:
+        targets = [t for t in migrations.TARGETS if t.used_by(pipeline)]
+        connections = [(target, stack.enter_context(target.connect(settings))) for target in targets]
         if status:
             table = Table("migration", "state")
-            items = migrations.status(conn, pipeline.name, settings.migrations_dir)
-            if clickhouse is not None:
-                items += clickhouse_migrations.status(clickhouse, pipeline.name, settings.migrations_dir)
-            for item in items:
-                colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
-                table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
+            for target, connection in connections:
+                for item in migrations.status(target, connection, pipeline.name, settings.migrations_dir):
+                    colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
+                    table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
             out.print(table)
             return
-        applied = migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
-    if clickhouse is not None:
-        applied += clickhouse_migrations.apply_pending(clickhouse, pipeline.name, settings.migrations_dir)
+        applied = [
+            item
+            for target, connection in connections
+            for item in migrations.apply_pending(target, connection, pipeline.name, settings.migrations_dir)
+        ]
     if not applied:
         out.print("nothing to apply; the database is up to date")
     for item in applied:
@@ -200,19 +202,9 @@ def migrate(
 
 
 def _connect(settings: Settings) -> Any:
-    import psycopg
+    from cdcsync.db.postgres import connect_from_settings
 
-    from cdcsync.core.errors import ServiceError
-
-    try:
-        return psycopg.connect(settings.postgres_dsn, connect_timeout=10)
-    except psycopg.OperationalError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "connection failed"
-        raise ServiceError(
-            f"connecting to Postgres at {redact_dsn(settings.postgres_dsn)}: {first_line}",
-            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__POSTGRES__DSN",
-            retriable=True,
-        ) from None
+    return connect_from_settings(settings)
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -232,7 +224,7 @@ def run(
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
     batch and exits 0.
     """
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync import migrations
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
@@ -243,7 +235,12 @@ def run(
     pipeline = _pipeline(pipeline_file, settings)
     with _connect(settings) as conn:
         migrations.check_ready(
-            conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
+            migrations.POSTGRES,
+            conn,
+            pipeline.name,
+            settings.migrations_dir,
+            pipeline_file=pipeline_file,
+            pipeline=pipeline,
         )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 

@@ -195,11 +195,8 @@ class BatchHandler:
         finds nothing pending), apply it, and carry on with the pipeline as a restarted ``run`` would load it. The
         batch is then landed again, new columns (or table) and all."""
         assert self.settings is not None
-        import psycopg
-
-        from cdcsync.config.pipeline import load_pipeline
-        from cdcsync.migrations import clickhouse as clickhouse_migrations
-        from cdcsync.migrations import postgres as migrations
+        from cdcsync import migrations
+        from cdcsync.config.load import load_pipeline
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
@@ -208,14 +205,13 @@ class BatchHandler:
         with _EVOLVE_LOCK:
             recorded = migrations.recorded_lookup(migrations_dir)
             wanted = load_pipeline(self.pipeline.path, evolved_lookup(recorded, changed_id, change.topic, schema))
-            written = [*migrations.init(wanted, migrations_dir), *clickhouse_migrations.init(wanted, migrations_dir)]
-            with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
-                migrations.apply_pending(conn, wanted.name, migrations_dir)
-            if wanted.clickhouse_sinks():
-                from cdcsync.db.clickhouse import connect_from_settings
-
-                client = connect_from_settings(self.settings)
-                clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
+            written = [
+                path for target in migrations.TARGETS for path in migrations.init(target, wanted, migrations_dir)
+            ]
+            for target in migrations.TARGETS:
+                if target.used_by(wanted):
+                    with target.connect(self.settings) as connection:
+                        migrations.apply_pending(target, connection, wanted.name, migrations_dir)
             # a fresh lookup: ``recorded`` cached the state before this migration
             self.pipeline = load_pipeline(self.pipeline.path, migrations.recorded_lookup(migrations_dir))
         self.source = self.pipeline.sources[self.source_id]

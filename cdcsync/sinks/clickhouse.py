@@ -26,12 +26,13 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdcsync import migrations
 from cdcsync.config import clickhouse_types
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.executor_errors import RETRIABLE_MARKER
 from cdcsync.db.ledger import LedgeredSink
-from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ class ClickHouseTableSink(LedgeredSink):
         super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
         self.clickhouse_url = clickhouse_url
-        self.state = clickhouse_migrations.sink_state(pipeline, sink)
+        self.state = sink_state(pipeline, sink)
         self.columns = tuple(pipeline.columns_of(sink.from_))
         self.primary_key = tuple(self.state["primary_key"])
         types = {c["name"]: c["type"] for c in self.state["columns"]}
@@ -268,7 +269,7 @@ def check_table(client: Any, sink_id: str, state: dict[str, Any]) -> None:
         wanted = ", ".join(state["primary_key"])
         problems.append(f"it is ORDER BY ({', '.join(actual_key)}), the pipeline's primary key is ({wanted})")
     actual = {str(name): str(type_) for name, type_ in columns}
-    for column in clickhouse_migrations.table_columns(state):
+    for column in table_columns(state):
         if column["name"] not in actual:
             problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
         elif actual[column["name"]] != column["type"]:
@@ -289,8 +290,15 @@ def startup_check(pipeline: Pipeline, settings: Settings, *, pipeline_file: Path
         return
     client = connect_from_settings(settings)
     try:
-        clickhouse_migrations.check_ready(client, pipeline, settings.migrations_dir, pipeline_file=pipeline_file)
+        migrations.check_ready(
+            migrations.CLICKHOUSE,
+            client,
+            pipeline.name,
+            settings.migrations_dir,
+            pipeline_file=pipeline_file,
+            pipeline=pipeline,
+        )
         for sink_id, sink in sorted(sinks.items()):
-            check_table(client, sink_id, clickhouse_migrations.sink_state(pipeline, sink))
+            check_table(client, sink_id, sink_state(pipeline, sink))
     finally:
         client.close()

@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -122,9 +124,9 @@ def prepared(
     dsn = make_conninfo(services.postgres_dsn, dbname=name)
     definition = _pipeline()
     directory = tmp_path_factory.mktemp("aggprop")
-    migrations.init(definition, directory)
+    migrations.init(POSTGRES, definition, directory)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, definition.name, Path(directory))
+        migrations.apply_pending(POSTGRES, conn, definition.name, Path(directory))
     sinks = {sink_id: PostgresUpsertSink(definition, sink_id, sink, dsn) for sink_id, sink in definition.sinks.items()}
     try:
         yield dsn, sinks

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations import CLICKHOUSE, POSTGRES
+from cdcsync.migrations import clickhouse as ch_migrations
 from cdcsync.sinks.clickhouse import ClickHouseTableSink, check_table
 from tests.conftest import ClickHouseDatabase, run_env
 
@@ -42,8 +45,8 @@ def _pipeline(database: str, **sink: Any) -> Pipeline:
 
 
 def _migrate(client: Any, pipeline: Pipeline, migrations_dir: Path) -> list[str]:
-    clickhouse_migrations.init(pipeline, migrations_dir)
-    return [item.filename for item in clickhouse_migrations.apply_pending(client, pipeline.name, migrations_dir)]
+    migrations.init(CLICKHOUSE, pipeline, migrations_dir)
+    return [item.filename for item in migrations.apply_pending(CLICKHOUSE, client, pipeline.name, migrations_dir)]
 
 
 def _changes(rows: list[tuple[str, int, str, int, str | None]]) -> Any:
@@ -79,10 +82,10 @@ def test_migrate_creates_the_table_records_the_ledger_and_passes_the_check(
     client = clickhouse_database.client()
     pipeline = _pipeline(clickhouse_database.database, low_cardinality="status", settings={"index_granularity": 1024})
     assert _migrate(client, pipeline, tmp_path) == ["0001_init.sql"]
-    statuses = clickhouse_migrations.status(client, pipeline.name, tmp_path)
+    statuses = migrations.status(CLICKHOUSE, client, pipeline.name, tmp_path)
     assert [(s.filename, s.state) for s in statuses] == [("0001_init.sql", "applied")]
-    assert clickhouse_migrations.check_ready(client, pipeline, tmp_path)
-    state = clickhouse_migrations.sink_state(pipeline, pipeline.clickhouse_sinks()["orders_ch"])
+    assert migrations.check_ready(CLICKHOUSE, client, pipeline.name, tmp_path, pipeline=pipeline)
+    state = ch_migrations.sink_state(pipeline, pipeline.clickhouse_sinks()["orders_ch"])
     check_table(client, "orders_ch", state)  # the table the migration made is what the pipeline needs
     engine = client.command(
         "SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = 'orders'",
@@ -95,7 +98,7 @@ def test_migrate_creates_the_table_records_the_ledger_and_passes_the_check(
     path = tmp_path / pipeline.name / "clickhouse" / "0001_init.sql"
     path.write_text(path.read_text().replace("index_granularity = 1024", "index_granularity = 2048"))
     with pytest.raises(MigrationError, match=r"0001_init\.sql was altered"):
-        clickhouse_migrations.check_ready(client, pipeline, tmp_path)
+        migrations.check_ready(CLICKHOUSE, client, pipeline.name, tmp_path, pipeline=pipeline)
 
 
 def test_new_source_column_becomes_an_add_columns_migration(
@@ -108,13 +111,13 @@ def test_new_source_column_becomes_an_add_columns_migration(
     raw["sources"]["orders"]["columns"]["note"] = "varchar(20)"
     grown = validate_pipeline_dict(raw)
     with pytest.raises(MigrationError, match="changed since its last ClickHouse migration"):
-        clickhouse_migrations.check_ready(client, grown, tmp_path)
+        migrations.check_ready(CLICKHOUSE, client, grown.name, tmp_path, pipeline=grown)
     assert _migrate(client, grown, tmp_path) == ["0002_add_columns_orders_ch.sql"]
-    check_table(client, "orders_ch", clickhouse_migrations.sink_state(grown, grown.clickhouse_sinks()["orders_ch"]))
+    check_table(client, "orders_ch", ch_migrations.sink_state(grown, grown.clickhouse_sinks()["orders_ch"]))
 
     raw["sources"]["orders"]["columns"]["amount"] = "double precision"
     with pytest.raises(MigrationError, match="column 'amount' changed type from Nullable"):
-        clickhouse_migrations.plan(validate_pipeline_dict(raw), tmp_path)
+        migrations.plan(CLICKHOUSE, validate_pipeline_dict(raw), tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -184,14 +187,13 @@ def test_run_refuses_a_pending_clickhouse_migration_naming_the_file(
     import psycopg
 
     from cdcsync.config.settings import load_settings
-    from cdcsync.migrations import postgres as migrations
     from cdcsync.sinks.clickhouse import startup_check
 
     pipeline = _pipeline(clickhouse_database.database)
-    migrations.init(pipeline, tmp_path)
-    clickhouse_migrations.init(pipeline, tmp_path)
+    migrations.init(POSTGRES, pipeline, tmp_path)
+    migrations.init(CLICKHOUSE, pipeline, tmp_path)
     with psycopg.connect(postgres_dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, tmp_path)  # Postgres done, ClickHouse not
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, tmp_path)  # Postgres done, ClickHouse not
     settings = load_settings(migrations_dir=tmp_path)
     settings.clickhouse.url = type(settings.clickhouse.url)(clickhouse_database.url)  # type: ignore[misc,union-attr]
     with pytest.raises(MigrationError) as refused:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 import cdcsync
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 
@@ -65,7 +66,7 @@ def changed(path: str, value: Any) -> dict[str, Any]:
 
 
 def test_resolved_types_follow_postgres_own_aggregates() -> None:
-    state = migrations.desired_state(validate_pipeline_dict(VALID))["sinks"]["revenue"]
+    state = POSTGRES.desired_state(validate_pipeline_dict(VALID))["sinks"]["revenue"]
     assert (state["table"], state["delete_mode"], state["tombstone_table"]) == (
         "orders_state",
         "hard",
@@ -92,7 +93,7 @@ def test_resolved_types_follow_postgres_own_aggregates() -> None:
 
 def test_global_aggregation_and_shorthands() -> None:
     doc = changed("sinks.revenue.group_by", ...)
-    state = migrations.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]
+    state = POSTGRES.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]
     assert state["group_by"] == []
     as_list = validate_pipeline_dict(changed("sinks.revenue.group_by", ["customer_id", "region"]))
     assert list(as_list.sinks["revenue"].group_by) == ["customer_id", "region"]  # type: ignore[union-attr]
@@ -177,16 +178,16 @@ def test_tables_of_two_sinks_may_not_collide() -> None:
 
 
 def test_changing_an_aggregation_is_refused_as_destructive(tmp_path: Path) -> None:
-    migrations.init(validate_pipeline_dict(VALID), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
     doc = changed("sinks.revenue.aggregate.orders.fn", "sum")
     doc["sinks"]["revenue"]["aggregate"]["orders"]["from"] = "qty"
     with pytest.raises(MigrationError) as caught:
-        migrations.init(validate_pipeline_dict(doc), tmp_path)
+        migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
     assert "sink 'revenue': its aggregation (aggregates) changed" in str(caught.value)
 
 
 def test_aggregate_migration_golden(tmp_path: Path) -> None:
-    (planned,) = migrations.plan(validate_pipeline_dict(VALID), tmp_path)
+    (planned,) = migrations.plan(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
     text = planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
     check_golden("0001_init_aggregate.sql", text)
     assert text.count("CREATE OR REPLACE TRIGGER") == 3

@@ -176,7 +176,7 @@ def yaml_examples() -> list[tuple[str, dict[str, object]]]:
 def test_yaml_examples_are_valid(where: str, example: dict[str, object]) -> None:
     """Pipeline fragments validate (sources they leave out, and columns `cdcsync init` would read, are stubbed);
     a settings example is valid settings."""
-    from cdcsync.config.pipeline import validate_pipeline_dict
+    from cdcsync.config.load import validate_pipeline_dict
     from cdcsync.config.settings import Settings
 
     assert isinstance(example, dict), where
