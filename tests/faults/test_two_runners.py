@@ -1,7 +1,8 @@
 """Two runners of one pipeline (an overlapping cron ``run --available-now``, a rolling restart): exactly one runs.
 
-Both share the pipeline's staging tables and checkpoint, so without the pipeline lock one run's TRUNCATE can
-empty the other's stage and a batch is ledgered with rows missing. With it, the second run exits 2 naming the
+Both share the pipeline's staging tables (and, on one host, its checkpoint), so without the pipeline lock one
+run's TRUNCATE can empty the other's stage and a batch is ledgered with rows missing; runs on two hosts, a
+checkpoint each, also land every batch twice. With it, the second run exits 2 naming the
 first, or with ``--wait`` takes over when the first ends; the mirror then equals the source's final state and the
 ledger holds every batch once.
 """
@@ -67,25 +68,31 @@ def holder_pid(dsn: str) -> int | None:
 def test_two_runners_one_runs_the_other_is_refused_or_waits(
     make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, kafka_bootstrap: str, topic_name: str
 ) -> None:
-    load = workload.generate(36_000, 4_000, seed=47, wrapped=True)
-    workload.produce(kafka_bootstrap, topic_name, load.events[:18_000])
+    load = workload.generate(24_000, 3_000, seed=47, wrapped=True)
+    workload.produce(kafka_bootstrap, topic_name, load.events[:12_000])
     project = make_project(orders_pipeline(topic_name, max_offsets_per_trigger=2_000))
     project.prepare()
     run = ("run", str(project.pipeline_file), "--available-now")
 
-    # Started together, no --wait: one drains the topic, the other is turned away at once, naming it.
-    both = [Running(project.start(*run)), Running(project.start(*run))]
+    # Started together, no --wait, as if on two hosts (a checkpoint each: nothing in Spark notices the other run):
+    # one drains the topic, the other is turned away at once, naming it.
+    elsewhere_env = {**project.env, "CDCSYNC__STATE_DIR": str(project.root / "state-elsewhere")}
+    elsewhere = Project(project.root, project.pipeline_file, elsewhere_env)
+    projects = [project, elsewhere]
+    both = [Running(where.start(*run)) for where in projects]
     codes = [runner.finish() for runner in both]
-    assert sorted(codes) == [0, 2], [runner.stderr[-3000:] for runner in both]
+    assert sorted(codes) == [0, 2], [runner.lines[-6:] for runner in both]
     winner, loser = both if codes[0] == 0 else both[::-1]
+    project = projects[both.index(winner)]  # the checkpoint the pipeline goes on from
     assert f"pipeline 'e2e' is already running: pid {winner.process.pid} on host {socket.gethostname()}" in (
         loser.stderr
     ), loser.stderr
     assert "Traceback" not in loser.stderr and "starting Spark" not in loser.stderr
     assert sum(len(ids) for ids in assert_each_batch_once(postgres_dsn, "e2e", SINKS).values()) > 0
 
-    # A streaming run holds the pipeline; a second one with --wait waits, and drains the rest once it stops.
-    workload.produce(kafka_bootstrap, topic_name, load.events[18_000:])
+    # A streaming run holds the pipeline; a second one with --wait (a restart, same checkpoint) waits, and drains
+    # the rest once the first stops.
+    workload.produce(kafka_bootstrap, topic_name, load.events[12_000:])
     first = Running(project.start("run", str(project.pipeline_file)))
     deadline = time.monotonic() + BOUND_S
     while holder_pid(postgres_dsn) != first.process.pid:

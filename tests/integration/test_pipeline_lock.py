@@ -172,9 +172,7 @@ def terminate_session_of(dsn: str, pipeline: str) -> None:
     raise AssertionError("the terminated session still holds the lock")
 
 
-def test_ensure_held_takes_the_lock_again_after_its_session_ended(
-    postgres_dsn: str, locks: list[PipelineLock]
-) -> None:
+def test_ensure_held_takes_the_lock_again_after_its_session_ended(postgres_dsn: str, locks: list[PipelineLock]) -> None:
     lock = new_lock(locks, postgres_dsn)
     lock.acquire()
     lock.ensure_held()  # still held: nothing to do
