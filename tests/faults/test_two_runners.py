@@ -98,6 +98,8 @@ def test_two_runners_one_runs_the_other_is_refused_or_waits(
     while holder_pid(postgres_dsn) != first.process.pid:
         assert first.process.poll() is None and time.monotonic() < deadline, first.stderr[-3000:]
         time.sleep(0.2)
+    status = project.cdcsync("status", str(project.pipeline_file)).stdout
+    assert f"running: pid {first.process.pid} on host {socket.gethostname()} since " in status, status
     batches_before = sum(len(ids) for ids in ledger_batches(postgres_dsn, "e2e").values())
     second = Running(project.start(*run, "--wait"))
     second.wait_for_line("waiting for it")
@@ -118,3 +120,4 @@ def test_two_runners_one_runs_the_other_is_refused_or_waits(
     assert_soft_mirror_matches(postgres_dsn, load.expected)
     assert_each_batch_once(postgres_dsn, "e2e", SINKS)
     assert holder_pid(postgres_dsn) is None
+    assert "running: none" in project.cdcsync("status", str(project.pipeline_file)).stdout
