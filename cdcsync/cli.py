@@ -282,8 +282,10 @@ def run(
 @app.command()
 @handles_errors
 def status(pipeline_file: PipelineArg) -> None:
-    """Show lag per partition, the last committed batch and row counts per sink, and the run holding the pipeline's
-    lock, if any (read-only, safe while running)."""
+    """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running).
+
+    Also names the run holding the pipeline's lock (pid, host, since when), if one is streaming it now.
+    """
     from cdcsync.runtime.status import pipeline_status
 
     settings = _settings()
