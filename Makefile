@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
+.PHONY: demo test lint unit integration e2e faults bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ integration: jars
 
 e2e: jars
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+faults: jars
+	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
 demo: jars
 	$(BIN)/python examples/demo.py

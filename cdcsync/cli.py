@@ -218,11 +218,15 @@ def run(
         bool, typer.Option("--available-now", help="Drain what is in Kafka now, then exit 0.")
     ] = False,
     migrations_dir: MigrationsDirOpt = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="If another run of this pipeline holds its lock, wait for it to end.")
+    ] = False,
 ) -> None:
     """Stream the pipeline from Kafka into its targets, each change exactly once.
 
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
-    batch and exits 0.
+    batch and exits 0. One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
+    waits for it with --wait.
     """
     from cdcsync import migrations
     from cdcsync.runtime.live import ProgressView
@@ -248,15 +252,16 @@ def run(
     for topic in missing:
         err.print(f"[yellow]warning:[/] topic '{topic}' does not exist yet; nothing to read from it", highlight=False)
 
-    runner = PipelineRunner(pipeline, settings, available_now=available_now)
+    runner = PipelineRunner(pipeline, settings, available_now=available_now, wait_for_lock=wait)
     runner.install_signal_handlers()
-    err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
-    spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
-    try:
-        with ProgressView(err) as view:
-            snapshot = runner.run(spark, on_progress=view.update)
-    finally:
-        spark.stop()
+    with runner.locked():  # before Spark starts: a second runner is refused (or waits) at once
+        err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
+        spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
+        try:
+            with ProgressView(err) as view:
+                snapshot = runner.run(spark, on_progress=view.update)
+        finally:
+            spark.stop()
     for sink_id, stats in snapshot.sinks.items():
         out.print(
             f"sink {escape(sink_id)} -> {escape(snapshot.sink_targets[sink_id])}: {stats.batches} batch(es), "
@@ -277,7 +282,10 @@ def run(
 @app.command()
 @handles_errors
 def status(pipeline_file: PipelineArg) -> None:
-    """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running)."""
+    """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running).
+
+    Also names the run holding the pipeline's lock (pid, host, since when), if one is streaming it now.
+    """
     from cdcsync.runtime.status import pipeline_status
 
     settings = _settings()
@@ -297,6 +305,8 @@ def status(pipeline_file: PipelineArg) -> None:
     out.print(sinks)
     if report.dead_letters:
         out.print(f"dead letters: {report.dead_letters}")
+    running = f"{report.running.describe()} holds the pipeline's lock" if report.running else "none"
+    out.print(f"running: {running}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ dev stack

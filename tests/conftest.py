@@ -19,6 +19,8 @@ started only for tests that ask for ``debezium_connect`` / ``debezium_source``, 
 Connect worker you already run (it must reach the same Postgres and Kafka).
 
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
+``faults`` tests (``tests/faults/``: the real CLI while something fails) are end-to-end tests too: they carry both
+``faults`` and ``e2e``, so ``make test`` and ``make e2e`` run them and ``make faults`` runs only them.
 """
 
 from __future__ import annotations
@@ -42,11 +44,21 @@ SCHEMA_REGISTRY_IMAGE = "confluentinc/cp-schema-registry:7.7.1"
 CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
 
 
+_TIER_MARKERS = {
+    "unit": ("unit",),
+    "integration": ("integration",),
+    "e2e": ("e2e",),
+    "faults": ("faults", "e2e"),
+}
+"""The markers of the tests in each directory under ``tests/``."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.fspath)).relative_to(TESTS_DIR).parts[0]
-        if tier in ("unit", "integration", "e2e") and not any(item.iter_markers(name=tier)):
-            item.add_marker(getattr(pytest.mark, tier))
+        for marker in _TIER_MARKERS.get(tier, ()):
+            if not any(item.iter_markers(name=marker)):
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 @dataclass(frozen=True)
