@@ -19,7 +19,6 @@ import contextlib
 import io
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -70,17 +69,23 @@ def decoder_seconds(events: Sequence[ChangeEvent], spec: DecodeSpec, *, batch: i
 
 @contextlib.contextmanager
 def registry_standin() -> Iterator[str]:
-    """The dev stack's schema registry stand-in, in this process on a free port: its URL."""
-    from cdcsync.devstack.schema_registry import SchemaRegistryServer
+    """The dev stack's Apicurio Registry on a free port in a temporary state dir: its Confluent-compatible URL."""
+    import socket
 
+    from cdcsync.devstack import DevStackConfig
+    from cdcsync.devstack.apicurio import ApicurioRegistry
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory(prefix="cdcsync-bench-registry-") as state:
-        server = SchemaRegistryServer(0, Path(state) / "schemas.json", log_requests=False)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        registry = ApicurioRegistry(DevStackConfig(state_dir=Path(state), schema_registry_port=port))
+        registry.start()
         try:
-            yield server.url
+            registry.wait_ready(180)
+            yield registry.address
         finally:
-            server.shutdown()
-            server.server_close()
+            registry.stop()
 
 
 def main() -> None:

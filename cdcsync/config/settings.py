@@ -120,7 +120,7 @@ class Settings(BaseSettings):
         if self.kafka.bootstrap_servers is None:
             self.kafka.bootstrap_servers = f"127.0.0.1:{self.devstack.kafka_port}"
         if self.schema_registry.url is None:
-            self.schema_registry.url = f"http://127.0.0.1:{self.devstack.schema_registry_port}"
+            self.schema_registry.url = f"http://127.0.0.1:{self.devstack.schema_registry_port}/apis/ccompat/v7"
         if self.postgres.dsn is None:
             self.postgres.dsn = SecretStr(f"postgresql://cdcsync@127.0.0.1:{self.devstack.postgres_port}/cdcsync")
         if self.clickhouse.url is None:

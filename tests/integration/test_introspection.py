@@ -17,7 +17,7 @@ from cdcsync.cli import app
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
 from cdcsync.migrations import postgres as migrations
-from tests.integration.test_schema_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
+from tests.integration.test_apicurio_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
 
 
 def pipeline(topic: str, **source: Any) -> dict[str, Any]:
