@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cdcsync.devstack import clickhouse as devserver
-from cdcsync.devstack.clickhouse_server import split_insert
+from cdcsync.devstack.clickhouse_protocol import split_insert
 from cdcsync.devstack.common import DevStackConfig, port_open, process_command_line
 from tests.conftest import ClickHouseDatabase
 
