@@ -330,7 +330,7 @@ def dev_up(
     """Start Postgres and Kafka locally (idempotent)."""
     from cdcsync.devstack import up
 
-    err.print("starting the dev stack (first run downloads Kafka jars) …")
+    err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
     _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
 
 

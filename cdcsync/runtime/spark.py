@@ -47,8 +47,11 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     except ImportError as error:  # pragma: no cover - pyspark is a hard dependency
         raise DependencyError("pyspark is not installed", hint="pip install cdcsync (it depends on pyspark)") from error
 
-    from cdcsync.runtime.jars import spark_packages_conf
+    from cdcsync.runtime.jars import spark_kafka_jars, spark_packages_conf
 
+    # Resolves into Spark's Ivy cache unless already there (then no Java is started): a connector that cannot be
+    # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
+    spark_kafka_jars()
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
     conf = {**DEFAULT_SPARK_CONF, **spark_packages_conf(), **settings.spark.conf}
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}"
