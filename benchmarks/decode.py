@@ -8,8 +8,9 @@ it also prints how fast the JSON parser alone gets through the same messages (th
 Connect schema only once, so with the schema wrapper it can beat that line).
 
 The Avro figures decode the same changes re-encoded as Debezium's AvroConverter writes them (Confluent wire
-format; ``amount`` as Connect ``Decimal`` bytes), with the writer schemas in an in-process schema registry
-stand-in (fetched once, then cached, as on an executor); fastavro's ``schemaless_reader`` alone is the scale line.
+format; ``amount`` as Connect ``Decimal`` bytes), with the writer schemas in the dev stack's Apicurio
+Registry, started for the run (fetched once, then cached, as on an executor); fastavro's ``schemaless_reader``
+alone is the scale line.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def decoder_seconds(events: Sequence[ChangeEvent], spec: DecodeSpec, *, batch: i
 
 
 @contextlib.contextmanager
-def registry_standin() -> Iterator[str]:
+def apicurio_registry() -> Iterator[str]:
     """The dev stack's Apicurio Registry on a free port in a temporary state dir: its Confluent-compatible URL."""
     import socket
 
@@ -140,7 +141,7 @@ def main() -> None:
 def avro_benchmark(args: argparse.Namespace, columns: tuple[Any, ...], json_events: list[ChangeEvent]) -> None:
     import fastavro
 
-    with registry_standin() as url:
+    with apicurio_registry() as url:
         events = to_avro(json_events, *register_avro_schemas(url, "shop.public.orders"))
         values = [e.value for e in events if e.value is not None]
         size = sum(len(v) for v in values) / len(values)

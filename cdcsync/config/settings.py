@@ -66,7 +66,8 @@ class SchemaRegistrySettings(_Section):
     """The Confluent-compatible registry that ``format: avro`` sources fetch writer schemas from."""
 
     url: str | None = None
-    """Defaults to the dev stack's stand-in. May hold ``user:password@``, so it is shown only redacted."""
+    """Defaults to the dev stack's Apicurio Registry (its ``/apis/ccompat/v7``). May hold ``user:password@``, so it
+    is shown only redacted."""
     basic_auth_user_info: SecretStr | None = None
     """``user:password`` for HTTP basic auth (the client's ``basic.auth.user.info``); never logged."""
     options: dict[str, str] = Field(default_factory=dict)

@@ -73,17 +73,8 @@ class ApicurioRegistry(Service):
     name = NAME
     log_name = "registry.log"
 
-    @property
-    def marker(self) -> str:
-        return str(database(self.cfg))
-
-    @property
-    def port(self) -> int:
-        return self.cfg.schema_registry_port
-
-    @property
-    def address(self) -> str:
-        return url(self.cfg)
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(database(cfg)), port=cfg.schema_registry_port, address=url(cfg))
 
     def launch(self) -> ServiceStatus:
         """Resolve and unpack the application (cached after the first run) and launch it detached."""

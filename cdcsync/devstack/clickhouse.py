@@ -55,17 +55,8 @@ class ClickHouse(Service):
     # SIGTERM lets the server finish requests in flight and close the engine cleanly.
     poll_interval_s = 0.1
 
-    @property
-    def marker(self) -> str:
-        return str(data_dir(self.cfg))
-
-    @property
-    def port(self) -> int:
-        return self.cfg.clickhouse_port
-
-    @property
-    def address(self) -> str:
-        return url(self.cfg)
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(data_dir(cfg)), port=cfg.clickhouse_port, address=url(cfg))
 
     def launch(self) -> ServiceStatus:
         """The server opens the engine first and only then listens."""

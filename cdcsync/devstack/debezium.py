@@ -309,17 +309,8 @@ class KafkaConnect(Service):
     log_name = "connect.log"
     # SIGTERM lets the worker stop its tasks and commit their offsets; SIGKILL only if that takes too long.
 
-    @property
-    def marker(self) -> str:
-        return str(worker_config_file(self.cfg))
-
-    @property
-    def port(self) -> int:
-        return self.cfg.connect_port
-
-    @property
-    def address(self) -> str:
-        return url(self.cfg)
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(worker_config_file(cfg)), port=cfg.connect_port, address=url(cfg))
 
     def ports(self) -> dict[str, int]:
         return {f"{NAME} (Kafka Connect REST)": self.cfg.connect_port}

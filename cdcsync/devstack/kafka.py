@@ -166,17 +166,8 @@ class KafkaBroker(Service):
     # SIGTERM makes the broker flush and close its logs cleanly; SIGKILL only if that takes too long.
     stop_timeout_s = 45.0
 
-    @property
-    def marker(self) -> str:
-        return str(config_file(self.cfg))
-
-    @property
-    def port(self) -> int:
-        return self.cfg.kafka_port
-
-    @property
-    def address(self) -> str:
-        return bootstrap_servers(self.cfg)
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(config_file(cfg)), port=cfg.kafka_port, address=bootstrap_servers(cfg))
 
     def ports(self) -> dict[str, int]:
         return {NAME: self.cfg.kafka_port, f"{NAME} controller": self.cfg.kafka_controller_port}

@@ -216,17 +216,8 @@ class Postgres(Service):
     stop_signal = signal.SIGINT
     poll_interval_s = 0.2
 
-    @property
-    def marker(self) -> str:
-        return str(data_dir(self.cfg))
-
-    @property
-    def port(self) -> int:
-        return self.cfg.postgres_port
-
-    @property
-    def address(self) -> str:
-        return dsn(self.cfg)
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(data_dir(cfg)), port=cfg.postgres_port, address=dsn(cfg))
 
     def launch(self) -> ServiceStatus:
         """Initialise once, then launch the server detached."""

@@ -37,8 +37,14 @@ class Service(ABC):
     stop_timeout_s: ClassVar[float] = 30.0
     poll_interval_s: ClassVar[float] = 0.3
 
-    def __init__(self, cfg: DevStackConfig) -> None:
+    def __init__(self, cfg: DevStackConfig, *, marker: str, port: int, address: str) -> None:
         self.cfg = cfg
+        self.marker = marker
+        """A string only this service's command line contains (its data directory or config file)."""
+        self.port = port
+        """The port clients use; open means at least "starting"."""
+        self.address = address
+        """What a client is given (a DSN, a URL, bootstrap servers)."""
 
     # ------------------------------------------------------------------------------- what each service says
 
@@ -49,21 +55,6 @@ class Service(ABC):
     @property
     def log_file(self) -> Path:
         return self.home / self.log_name
-
-    @property
-    @abstractmethod
-    def marker(self) -> str:
-        """A string only this service's command line contains (its data directory or config file)."""
-
-    @property
-    @abstractmethod
-    def port(self) -> int:
-        """The port clients use; open means at least "starting"."""
-
-    @property
-    @abstractmethod
-    def address(self) -> str:
-        """What a client is given (a DSN, a URL, bootstrap servers)."""
 
     def ports(self) -> dict[str, int]:
         """Every port it binds, by a label for the "already in use" error."""

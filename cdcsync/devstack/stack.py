@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cdcsync.devstack import apicurio, clickhouse, debezium, kafka, postgres
 from cdcsync.devstack.common import DevStackConfig, ServiceStatus
 from cdcsync.devstack.service import Service
 
+ServiceKind = Callable[[DevStackConfig], Service]
+
 # Start order; stopped in reverse so that clients (Kafka Connect later) go before what they depend on.
-SERVICES: tuple[type[Service], ...] = (
+SERVICES: tuple[ServiceKind, ...] = (
     postgres.Postgres,
     kafka.KafkaBroker,
     apicurio.ApicurioRegistry,
@@ -27,7 +29,7 @@ SERVICES: tuple[type[Service], ...] = (
 # Started only on request (``up(with_debezium=True)``), after the services above are ready: Kafka Connect looks
 # up the Kafka cluster as it starts, and its connector needs Postgres. ``status``/``down`` include it when a pid
 # file shows it was started.
-DEBEZIUM: type[Service] = debezium.KafkaConnect
+DEBEZIUM: ServiceKind = debezium.KafkaConnect
 
 
 @contextlib.contextmanager
@@ -56,7 +58,7 @@ def up(cfg: DevStackConfig, *, with_debezium: bool = False) -> dict[str, Service
         return result
 
 
-def _start_and_wait(cfg: DevStackConfig, kinds: tuple[type[Service], ...]) -> dict[str, ServiceStatus]:
+def _start_and_wait(cfg: DevStackConfig, kinds: tuple[ServiceKind, ...]) -> dict[str, ServiceStatus]:
     services = [kind(cfg) for kind in kinds]
     launched = {service.name: service.start() for service in services}
     result: dict[str, ServiceStatus] = {}

@@ -389,6 +389,18 @@ def test_registry_down_is_retried_then_dead_lettered_or_fails_the_task(schema_re
     assert DECODE_FAILURE_MARKER in str(failure.value) and "unreachable" in str(failure.value)
 
 
+class _QuietHandler(BaseHTTPRequestHandler):
+    def reply(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 def test_a_registry_that_comes_back_within_the_budget_decodes(schema_registry_url: str, topic: str) -> None:
     """The registry is away (nothing listens) and comes back after a second: a proxy in front of the real one."""
     value = serialize(
@@ -396,18 +408,10 @@ def test_a_registry_that_comes_back_within_the_budget_decodes(schema_registry_ur
     )
     port = _free_port()
 
-    class Forward(BaseHTTPRequestHandler):
+    class Forward(_QuietHandler):
         def do_GET(self) -> None:
             with urllib.request.urlopen(schema_registry_url + self.path.removeprefix("/x"), timeout=10) as answer:
-                status, content_type, body = answer.status, answer.headers["Content-Type"], answer.read()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+                self.reply(answer.status, answer.headers["Content-Type"], answer.read())
 
     servers: list[ThreadingHTTPServer] = []
 
@@ -431,18 +435,10 @@ def test_a_registry_that_comes_back_within_the_budget_decodes(schema_registry_ur
 def test_http_5xx_is_retried_then_dead_lettered() -> None:
     requests: list[str] = []
 
-    class Busy(BaseHTTPRequestHandler):
+    class Busy(_QuietHandler):
         def do_GET(self) -> None:
             requests.append(self.path)
-            body = json.dumps({"error_code": 50302, "message": "overloaded"}).encode()
-            self.send_response(503)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+            self.reply(503, CONTENT_TYPE, json.dumps({"error_code": 50302, "message": "overloaded"}).encode())
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()

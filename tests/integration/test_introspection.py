@@ -1,5 +1,5 @@
 """``cdcsync init`` reads source columns from real services: the newest JsonConverter messages of a real Kafka
-topic, and the latest schema of a subject in the (stand-in) schema registry. ``validate`` then works offline
+topic, and the latest schema of a subject in the (dev stack's Apicurio) schema registry. ``validate`` then works offline
 from what ``init`` recorded, and ``migrate`` creates exactly the typed columns."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Avro decoding (Confluent wire format): messages built here with fastavro, writer schemas from a fake registry.
 
 The fake stands in for ``SchemaRegistryClient`` only (``get_schema``), so the module's own fetch, retry,
-classification and caching code runs; the real HTTP path is in ``tests/integration/test_schema_registry.py``.
+classification and caching code runs; the real HTTP path is in ``tests/integration/test_apicurio_registry.py``.
 """
 
 from __future__ import annotations
