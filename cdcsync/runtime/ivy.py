@@ -94,12 +94,13 @@ def settings_xml(cache_dir: Path) -> str:
 
 
 def write_settings(home: Path) -> Path:
-    """The settings file for the Ivy home ``home`` (cache in ``home/cache``), rewritten only when it changes."""
-    path = home / "ivysettings.xml"
+    """The settings file for the Ivy home ``home`` (cache in ``home/cache``). Named after its content, so runs with
+    different repository URLs sharing one cache never rewrite each other's file."""
     text = settings_xml(home / "cache")
-    if not path.is_file() or path.read_text() != text:
+    path = home / f"ivysettings-{hashlib.sha1(text.encode()).hexdigest()[:12]}.xml"
+    if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # Spark's start writes it outside our lock
         tmp.write_text(text)
         os.replace(tmp, path)
     return path
