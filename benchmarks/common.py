@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.devstack import DevStackConfig, down, up
+from cdcsync.devstack import DevStackConfig, apicurio, down, up
 
 if TYPE_CHECKING:
     from cdcsync.config.pipeline import Pipeline
@@ -67,7 +67,7 @@ def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServic
             f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync",
             f"127.0.0.1:{stack.kafka_port}",
             f"http://default@127.0.0.1:{stack.clickhouse_port}",
-            f"http://127.0.0.1:{stack.schema_registry_port}",
+            apicurio.url(stack),
         )
     finally:
         down(stack)

@@ -353,7 +353,7 @@ def dev_up(
     """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
-    err.print("starting the dev stack (first run downloads Kafka jars) …")
+    err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
     _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
 
 

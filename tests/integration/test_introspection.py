@@ -1,5 +1,5 @@
 """``cdcsync init`` reads source columns from real services: the newest JsonConverter messages of a real Kafka
-topic, and the latest schema of a subject in the (stand-in) schema registry. ``validate`` then works offline
+topic, and the latest schema of a subject in the (dev stack's Apicurio) schema registry. ``validate`` then works offline
 from what ``init`` recorded, and ``migrate`` creates exactly the typed columns."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cdcsync import migrations
 from cdcsync.cli import app
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
-from tests.integration.test_schema_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
+from tests.integration.test_apicurio_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
 
 
 def pipeline(topic: str, **source: Any) -> dict[str, Any]:
