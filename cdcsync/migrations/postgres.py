@@ -39,6 +39,7 @@ from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.pipeline import NO_COLUMNS, PostgresAggregateSink, internal_tables
 from cdcsync.core import names
 from cdcsync.core.errors import CdcsyncError, MigrationError, ServiceError
+from cdcsync.migrations import aggregate_upgrade
 from cdcsync.sql.render import comment_text, quote_ident, quote_qualified, render
 
 if TYPE_CHECKING:
@@ -250,6 +251,8 @@ def _aggregate_state(
         }
         if aggregate.fn in ("min", "max") and aggregate.source is not None:
             entry["index"] = names.bounded(sink.agg_table, aggregate.source, "minmax")
+        if aggregate.track_scale and aggregate.source is not None:  # only then: older states stay unchanged
+            entry["scale_index"] = names.bounded(sink.agg_table, aggregate.source, "scale")
         aggregates.append(entry)
     return {
         "table": sink.agg_table,
@@ -441,10 +444,20 @@ class InitResult:
 
 @dataclass(frozen=True)
 class _Change:
-    kind: Literal["init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table", "record_sources"]
+    kind: Literal[
+        "init",
+        "upgrade_internal",
+        "add_sink",
+        "add_columns",
+        "add_dynamic_table",
+        "record_sources",
+        "upgrade_aggregate",
+    ]
     sink_id: str = ""
     """The sink's id, or the dynamic table's (``add_dynamic_table``)."""
     columns: tuple[tuple[str, str], ...] = ()
+    aggregates: tuple[str, ...] = ()
+    """``upgrade_aggregate``: the aggregates whose running state is rebuilt."""
     from_version: int = INTERNAL_VERSION
     """``upgrade_internal``: the internal tables version the migrations had."""
 
@@ -500,7 +513,10 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[_Change], list
                 f"{where}: primary key changed from ({', '.join(before['primary_key'])}) "
                 f"to ({', '.join(after['primary_key'])})"
             )
-        if before.get("aggregate") != after.get("aggregate"):
+        upgraded = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
+        if upgraded:
+            changes.append(_Change("upgrade_aggregate", sink_id, aggregates=upgraded))
+        elif before.get("aggregate") != after.get("aggregate"):
             destructive.append(f"{where}: {_aggregate_change(before.get('aggregate'), after.get('aggregate'))}")
         if before["delete_mode"] != after["delete_mode"]:
             destructive.append(f"{where}: delete_mode changed from {before['delete_mode']} to {after['delete_mode']}")
@@ -574,6 +590,8 @@ def _apply_change(state: dict[str, Any], change: _Change, desired: dict[str, Any
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
     elif change.kind == "add_dynamic_table":
         after.setdefault("dynamic_tables", {})[change.sink_id] = desired["dynamic_tables"][change.sink_id]
+    elif change.kind == "upgrade_aggregate":
+        after["sinks"][change.sink_id]["aggregate"] = desired["sinks"][change.sink_id]["aggregate"]
     elif change.kind == "add_columns":
         after["sinks"][change.sink_id]["columns"].extend(
             {"name": name, "type": type_} for name, type_ in change.columns
@@ -638,6 +656,17 @@ def _render_change(change: _Change, pipeline_name: str, state: dict[str, Any]) -
         body = render(f"{DATABASE}/record_sources.sql.j2", sources=sorted(state.get("sources") or {}))
         return "record_source_schemas", what or ["no source schemas"], body
     sink = state["sinks"][change.sink_id]
+    if change.kind == "upgrade_aggregate":
+        values = {
+            "pipeline": pipeline_name,
+            "sink_id": change.sink_id,
+            "sink": sink,
+            "internal_schema": internal_schema,
+            "upgrade": list(change.aggregates),
+        }
+        body = render(f"{DATABASE}/aggregate.sql.j2", **values)
+        what = aggregate_upgrade.describe(sink, change.aggregates)
+        return f"upgrade_aggregate_{_slug(change.sink_id)}", what, body
     if change.kind == "add_sink":
         body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)
         return f"add_sink_{_slug(change.sink_id)}", _sink_what(change.sink_id, sink, internal_schema), body
@@ -763,7 +792,7 @@ def plan(pipeline: Pipeline, migrations_dir: Path | str) -> list[PlannedMigratio
         state = desired if change.kind == "init" else _apply_change(state, change, desired)
         stem, what, body = _render_change(change, pipeline.name, state)
         filename = f"{number:04d}_{stem}.sql"
-        verb = "adds" if change.kind == "add_columns" else "creates"
+        verb = {"add_columns": "adds", "upgrade_aggregate": "upgrades"}.get(change.kind, "creates")
         text = render_migration_file(filename, pipeline.name, what, body, state, verb=verb)
         planned.append(PlannedMigration(filename, directory / filename, what, text, state))
         number += 1
