@@ -157,7 +157,15 @@ def _ten_thousandths(units: int) -> Decimal:
 
 def _values(**values: Any) -> dict[str, Any]:
     """One row's values for an explicit example: NULL but for ``values``, in customer 1, region eu."""
-    return {"customer": 1, "region": "eu", "amount": None, "qty": None, "price": None, "fine": None, "raw": None} | values
+    return {
+        "customer": 1,
+        "region": "eu",
+        "amount": None,
+        "qty": None,
+        "price": None,
+        "fine": None,
+        "raw": None,
+    } | values
 
 
 row_values = st.fixed_dictionaries(
@@ -210,7 +218,10 @@ def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 @settings(
-    max_examples=300, deadline=None, phases=[Phase.explicit], suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=300,
+    deadline=None,
+    phases=[Phase.explicit],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batches=batches_spec)
 # Two half-cents sum to one cent: rounding each row to the declared scale first would give two.
@@ -218,7 +229,11 @@ def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 # A row of scale 24 came and went: avg(raw) of 1, 1, 2 is 1.3333333333333333, at the scale of the rows left.
 @example(
     batches=[
-        ([(key, "c", _values(raw=raw)) for key, raw in enumerate(["1", "1", "2", "0.000000000000000000000001"])], [], False),
+        (
+            [(key, "c", _values(raw=raw)) for key, raw in enumerate(["1", "1", "2", "0.000000000000000000000001"])],
+            [],
+            False,
+        ),
         ([(3, "d", _values())], [], False),
     ]
 )
