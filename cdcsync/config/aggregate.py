@@ -116,10 +116,13 @@ def _sums_losslessly(declared: PgType, input_type: PgType) -> bool:
     """True when adding each row cast to ``declared`` gives the same sum as casting the exact sum once.
 
     Integers fit any integer or numeric type (overflow aside: an overflow is an error either way); a numeric needs
-    a numeric of no smaller scale. Float columns keep their float arithmetic, as Postgres' ``sum`` does.
+    a numeric of no smaller scale; a float column needs ``double precision`` (a float sum is only as exact as
+    Postgres' own, which adds in the column's float type).
     """
-    if declared == _sum_type(input_type) or input_type.name in FLOAT_TYPES:
+    if declared == _sum_type(input_type):
         return True
+    if input_type.name in FLOAT_TYPES:
+        return declared.name == "double precision"
     if declared.name == "numeric":
         if not declared.args or input_type.name in INTEGER_TYPES:
             return True

@@ -205,6 +205,8 @@ def test_declared_types_never_round_the_running_state() -> None:
         "raw_avg": {"from": "raw", "fn": "avg"},
         "raw_total": {"from": "raw", "fn": "sum"},
         "units_num": {"from": "qty", "fn": "sum", "type": "numeric(20,2)"},  # integers: nothing to round
+        "price_real": {"from": "price", "fn": "sum", "type": "real"},
+        "price_num": {"from": "price", "fn": "sum", "type": "numeric(12,2)"},
     }
     entries = {
         a["name"]: a
@@ -225,6 +227,8 @@ def test_declared_types_never_round_the_running_state() -> None:
         "raw_avg": "numeric",
         "raw_total": "numeric",
         "units_num": "numeric(20,2)",
+        "price_real": "double precision",  # summed in double precision, as Postgres' sum(double precision)
+        "price_num": "double precision",
     }
     assert {name for name, entry in entries.items() if "scale_index" in entry} == {"raw_avg"}
     assert entries["raw_avg"]["scale_index"] == "revenue_by_customer__raw__scale"
