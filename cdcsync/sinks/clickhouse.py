@@ -73,6 +73,7 @@ class ClickHouseWriter:
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from cdcsync.sinks.postgres import newest_per_key
@@ -86,26 +87,30 @@ class ClickHouseWriter:
             return 0
         table = newest_per_key(table, self.primary_key)
         rows = to_clickhouse_arrow(table, self.columns)
+        # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
+        may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
             f"into {self.database}.{self.table}"
         )
         try:
-            client = connect(self.url, compression=self.compression)
+            # raw_query sends bound parameters (a batch's keys) in the request body with this; in the URL, as
+            # command() sends them, a large batch is refused (HTTP 414).
+            client = connect(self.url, compression=self.compression, form_encode_query_params=True)
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
             if not self.append_only:
-                return self._upsert_and_delete(client, rows, token, doing)
+                return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
-            self._mark_other_partitions(client, rows)
+            self._mark_other_partitions(client, rows.filter(may_move))
         except Exception as error:
             raise _task_error(doing, error) from None
         finally:
             client.close()
         return rows.num_rows
 
-    def _upsert_and_delete(self, client: Any, rows: pa.Table, token: str, doing: str) -> int:
+    def _upsert_and_delete(self, client: Any, rows: pa.Table, may_move: pa.ChunkedArray, token: str) -> int:
         import pyarrow.compute as pc
 
         deleted = pc.equal(rows.column(clickhouse_types.DELETED_COLUMN), 1)
@@ -113,7 +118,7 @@ class ClickHouseWriter:
         deletes = rows.filter(deleted)
         if upserts.num_rows:
             client.insert_arrow(self.table, upserts, database=self.database, settings=_token_settings(token))
-            self._mark_other_partitions(client, upserts)
+            self._mark_other_partitions(client, rows.filter(pc.and_(pc.invert(deleted), may_move)))
         if deletes.num_rows:
             keys = list(zip(*(deletes.column(k).to_pylist() for k in self.primary_key), strict=True))
             versions = deletes.column(clickhouse_types.VERSION_COLUMN).to_pylist()
@@ -126,12 +131,12 @@ class ClickHouseWriter:
         A replayed task inserts the same markers again; equal rows of a ReplacingMergeTree collapse, so that is
         harmless.
         """
-        if not self.markers_sql:
+        if not self.markers_sql or rows.num_rows == 0:
             return
         keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
         versions = rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()
         parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
-        client.command(self.markers_sql, parameters=parameters)
+        client.raw_query(self.markers_sql, parameters=parameters)
 
 
 def _task_error(doing: str, error: BaseException) -> RuntimeError:

@@ -267,6 +267,23 @@ def test_partition_by_a_non_key_column_never_resurrects_a_deleted_or_moved_row(
     assert raw == expected
 
 
+def test_partition_markers_of_a_large_batch(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """20,000 moved keys: their parameters travel in the request body (in the URL, HTTP 414 refused them)."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, partition_by="ifNull(status, 'none')")
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    keys = range(20_000)
+    sink.stage_writer(0, "c").stage(_changes([("tenant-with-a-longer-name", k, "c", 10, "new") for k in keys]))
+    sink.stage_writer(1, "c").stage(_changes([("tenant-with-a-longer-name", k, "u", 20, "paid") for k in keys]))
+    markers = "SELECT count() FROM orders WHERE status = 'new' AND _is_deleted AND _version = 19"
+    assert client.command(markers) == 20_000
+
+
 def test_append_only_mode_false_deletes_keys_up_to_the_delete_version(
     clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
 ) -> None:
