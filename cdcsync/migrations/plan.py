@@ -139,11 +139,13 @@ def diff_sinks(
     *,
     removed: Callable[[str, dict[str, Any]], str],
     changed: Callable[[str, dict[str, Any], dict[str, Any]], list[str]],
+    upgraded: Callable[[str, dict[str, Any], dict[str, Any]], list[Change]] | None = None,
 ) -> tuple[list[Change], list[str]]:
     """The sinks part of a target's :meth:`~cdcsync.migrations.target.Target.diff`, in file order.
 
     A new sink is added, new columns are added (last, in the source's order); a removed sink (described by
-    ``removed``), a removed or retyped column, and whatever ``changed`` finds in a kept sink are destructive.
+    ``removed``), a removed or retyped column, and whatever ``changed`` finds in a kept sink are destructive;
+    ``upgraded`` names the additive changes of a kept sink that ``changed`` let pass (before its new columns).
     """
     changes: list[Change] = []
     destructive = [removed(sink_id, old[sink_id]) for sink_id in sorted(old) if sink_id not in new]
@@ -154,6 +156,8 @@ def diff_sinks(
             continue
         before = old[sink_id]
         destructive.extend(changed(sink_id, before, after))
+        if upgraded is not None:
+            changes.extend(upgraded(sink_id, before, after))
         old_columns = {c["name"]: c["type"] for c in before["columns"]}
         new_columns = {c["name"]: c["type"] for c in after["columns"]}
         for name, old_type in old_columns.items():
@@ -181,6 +185,8 @@ def apply_change(state: dict[str, Any], change: Change, desired: dict[str, Any])
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
     elif change.kind == "add_dynamic_table":
         after.setdefault("dynamic_tables", {})[change.sink_id] = desired["dynamic_tables"][change.sink_id]
+    elif change.kind == "upgrade_aggregate":
+        after["sinks"][change.sink_id]["aggregate"] = desired["sinks"][change.sink_id]["aggregate"]
     elif change.kind == "add_columns":
         after["sinks"][change.sink_id]["columns"].extend(
             {"name": name, "type": type_} for name, type_ in change.columns
@@ -228,7 +234,7 @@ def plan(target: Target, pipeline: Pipeline, migrations_dir: Path | str) -> list
         state = desired if change.kind == "init" else apply_change(state, change, desired)
         stem, what, body = target.render_change(change, pipeline.name, state)
         filename = f"{number:04d}_{stem}.sql"
-        verb = "adds" if change.kind == "add_columns" else "creates"
+        verb = {"add_columns": "adds", "upgrade_aggregate": "upgrades"}.get(change.kind, "creates")
         text = render_migration_file(target, filename, pipeline.name, what, body, state, verb=verb)
         planned.append(PlannedMigration(filename, directory / filename, what, text, state))
         number += 1

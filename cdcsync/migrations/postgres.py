@@ -17,6 +17,7 @@ from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.pipeline import PostgresAggregateSink, internal_tables
 from cdcsync.core import names
 from cdcsync.core.errors import CdcsyncError, MigrationError, ServiceError
+from cdcsync.migrations import aggregate_upgrade
 from cdcsync.migrations.files import STATE_FORMAT, ParsedMigration, slug
 from cdcsync.migrations.plan import diff_sinks
 from cdcsync.migrations.target import Applied, Change
@@ -103,6 +104,8 @@ def _aggregate_state(
         }
         if aggregate.fn in ("min", "max") and aggregate.source is not None:
             entry["index"] = names.bounded(sink.agg_table, aggregate.source, "minmax")
+        if aggregate.track_scale and aggregate.source is not None:  # only then: older states stay unchanged
+            entry["scale_index"] = names.bounded(sink.agg_table, aggregate.source, "scale")
         aggregates.append(entry)
     return {
         "table": sink.agg_table,
@@ -144,7 +147,8 @@ def _changed_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -
             f"{where}: primary key changed from ({', '.join(before['primary_key'])}) "
             f"to ({', '.join(after['primary_key'])})"
         )
-    if before.get("aggregate") != after.get("aggregate"):
+    upgradable = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
+    if before.get("aggregate") != after.get("aggregate") and not upgradable:
         destructive.append(f"{where}: {_aggregate_change(before.get('aggregate'), after.get('aggregate'))}")
     if before["delete_mode"] != after["delete_mode"]:
         destructive.append(f"{where}: delete_mode changed from {before['delete_mode']} to {after['delete_mode']}")
@@ -153,6 +157,11 @@ def _changed_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -
             f"{where}: its staging table changed from {before.get('stage_table')!r} to {after['stage_table']!r}"
         )
     return destructive
+
+
+def _upgraded_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    upgraded = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
+    return [Change("upgrade_aggregate", sink_id, aggregates=upgraded)] if upgraded else []
 
 
 def _diff_dynamic_tables(
@@ -355,7 +364,7 @@ class PostgresTarget:
                 "upgrade cdcsync"
             )
         sink_changes, sink_destructive = diff_sinks(
-            old.get("sinks", {}), new["sinks"], removed=_removed_sink, changed=_changed_sink
+            old.get("sinks", {}), new["sinks"], removed=_removed_sink, changed=_changed_sink, upgraded=_upgraded_sink
         )
         changes.extend(sink_changes)
         destructive.extend(sink_destructive)
@@ -399,6 +408,20 @@ class PostgresTarget:
             body = render(f"{DATABASE}/record_sources.sql.j2", sources=sorted(state.get("sources") or {}))
             return "record_source_schemas", what or ["no source schemas"], body
         sink = state["sinks"][change.sink_id]
+        if change.kind == "upgrade_aggregate":
+            values = {
+                "pipeline": pipeline_name,
+                "sink_id": change.sink_id,
+                "sink": sink,
+                "internal_schema": internal_schema,
+                "upgrade": list(change.aggregates),
+            }
+            body = render(f"{DATABASE}/aggregate.sql.j2", **values)
+            return (
+                f"upgrade_aggregate_{slug(change.sink_id)}",
+                aggregate_upgrade.describe(sink, change.aggregates),
+                body,
+            )
         if change.kind == "add_sink":
             body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)
             return f"add_sink_{slug(change.sink_id)}", _sink_what(change.sink_id, sink, internal_schema), body

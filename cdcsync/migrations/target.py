@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from cdcsync.config.settings import Settings
     from cdcsync.migrations.files import ParsedMigration
 
-ChangeKind = Literal["init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table", "record_sources"]
+ChangeKind = Literal[
+    "init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table", "record_sources", "upgrade_aggregate"
+]
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Change:
     """The sink's id, or the dynamic table's (``add_dynamic_table``)."""
     columns: tuple[tuple[str, str], ...] = ()
     """``add_columns``: (name, type) of each new column, in table order."""
+    aggregates: tuple[str, ...] = ()
+    """``upgrade_aggregate``: the aggregates whose running state is rebuilt."""
     from_version: int = 0
     """``upgrade_internal``: the internal tables version the migrations had."""
 

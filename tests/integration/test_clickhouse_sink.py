@@ -231,6 +231,61 @@ def test_writer_inserts_versions_and_deletes_and_a_repeated_task_adds_nothing(
     assert client.command("SELECT count() FROM orders") == 5
 
 
+@pytest.mark.parametrize("append_only", [True, False], ids=["append-only", "lightweight-deletes"])
+def test_partition_by_a_non_key_column_never_resurrects_a_deleted_or_moved_row(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str, append_only: bool
+) -> None:
+    """Deletes carry NULL in the partition column (REPLICA IDENTITY DEFAULT) and updates move rows between
+    partitions; FINAL CLEANUP merges each partition alone, so every partition must end with the key's newest."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(
+        clickhouse_database.database,
+        partition_by="ifNull(status, 'none')",
+        append_only_mode=append_only,
+        settings={"allow_experimental_replacing_merge_with_cleanup": 1},
+    )
+    _migrate(client, pipeline, tmp_path)
+    if append_only:  # (a lightweight DELETE waits for merges, so it would wait forever)
+        client.command("SYSTEM STOP MERGES orders")  # every version stays in its own part until OPTIMIZE
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    batches = [
+        [("a", 1, "c", 10, "new"), ("a", 2, "c", 11, "new"), ("a", 3, "c", 12, "new"), ("a", 4, "c", 13, "new")],
+        [("a", 1, "u", 20, "paid"), ("a", 2, "d", 21, None), ("a", 3, "u", 22, "paid")],  # moves, a NULL delete
+        [("a", 3, "d", 30, None), ("a", 4, "u", 31, "shipped"), ("a", 4, "u", 32, "new")],  # moved there and back
+    ]
+    for batch_id, changes in enumerate(batches):
+        sink.stage_writer(batch_id, "ckpt").stage(_changes(changes))
+    sink.stage_writer(1, "ckpt").stage(_changes(batches[1]))  # a replayed task: its markers again, harmless
+    expected = [("a", 1, "paid", 20), ("a", 4, "new", 32)]
+    assert _current(client, clickhouse_database.database) == expected
+
+    client.command("SYSTEM START MERGES orders")
+    client.command("OPTIMIZE TABLE orders FINAL CLEANUP")
+    assert _current(client, clickhouse_database.database) == expected
+    # Every partition kept only the key's newest row there, and CLEANUP removed deleted ones: one row per key left.
+    raw = client.query("SELECT tenant, id, status, _version FROM orders ORDER BY tenant, id").result_rows
+    assert raw == expected
+
+
+def test_partition_markers_of_a_large_batch(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """20,000 moved keys: their parameters travel in the request body (in the URL, HTTP 414 refused them)."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, partition_by="ifNull(status, 'none')")
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    keys = range(20_000)
+    sink.stage_writer(0, "c").stage(_changes([("tenant-with-a-longer-name", k, "c", 10, "new") for k in keys]))
+    sink.stage_writer(1, "c").stage(_changes([("tenant-with-a-longer-name", k, "u", 20, "paid") for k in keys]))
+    markers = "SELECT count() FROM orders WHERE status = 'new' AND _is_deleted AND _version = 19"
+    assert client.command(markers) == 20_000
+
+
 def test_append_only_mode_false_deletes_keys_up_to_the_delete_version(
     clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
 ) -> None:

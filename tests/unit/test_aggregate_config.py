@@ -13,6 +13,7 @@ from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.core.errors import MigrationError
 from cdcsync.migrations import POSTGRES
+from tests.legacy_aggregates import legacy_layout
 from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 
@@ -193,3 +194,65 @@ def test_aggregate_migration_golden(tmp_path: Path) -> None:
     assert text.count("CREATE OR REPLACE TRIGGER") == 3
     assert 'UNIQUE NULLS NOT DISTINCT ("customer_id", "region")' in text
     assert 'ON "app"."orders_state" ((("customer_id")::bigint), "region", "amount")' in text  # the min/max index
+
+
+def test_declared_types_never_round_the_running_state() -> None:
+    doc = copy.deepcopy(VALID)
+    doc["sources"]["orders"]["columns"] |= {"fine": "numeric(12,4)", "raw": "numeric"}
+    doc["sinks"]["revenue"]["aggregate"] |= {
+        "fine_total": {"from": "fine", "fn": "sum", "type": "numeric(18,2)"},  # lower scale than the column
+        "fine_avg_f": {"from": "fine", "fn": "avg", "type": "double precision"},
+        "raw_int": {"from": "raw", "fn": "sum", "type": "bigint"},
+        "raw_avg": {"from": "raw", "fn": "avg"},
+        "raw_total": {"from": "raw", "fn": "sum"},
+        "units_num": {"from": "qty", "fn": "sum", "type": "numeric(20,2)"},  # integers: nothing to round
+        "price_real": {"from": "price", "fn": "sum", "type": "real"},
+        "price_num": {"from": "price", "fn": "sum", "type": "numeric(12,2)"},
+    }
+    entries = {
+        a["name"]: a
+        for a in POSTGRES.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]["aggregates"]
+    }
+    accumulators = {name: entries[name]["accumulator_type"] for name in doc["sinks"]["revenue"]["aggregate"]}
+    assert accumulators == {
+        "revenue": "numeric(18,2)",  # numeric(12,2) adds up exactly in numeric(18,2): no hidden column
+        "orders": None,
+        "units": "bigint",
+        "avg_amount": "numeric",
+        "avg_price": "double precision",
+        "smallest": None,
+        "amount": None,
+        "fine_total": "numeric",
+        "fine_avg_f": "numeric",
+        "raw_int": "numeric",
+        "raw_avg": "numeric",
+        "raw_total": "numeric",
+        "units_num": "numeric(20,2)",
+        "price_real": "double precision",  # summed in double precision, as Postgres' sum(double precision)
+        "price_num": "double precision",
+    }
+    assert {name for name, entry in entries.items() if "scale_index" in entry} == {"raw_avg"}
+    assert entries["raw_avg"]["scale_index"] == "revenue_by_customer__raw__scale"
+
+
+def test_a_running_state_upgrade_is_an_additive_migration(tmp_path: Path) -> None:
+    doc = copy.deepcopy(VALID)
+    doc["sources"]["orders"]["columns"] |= {"fine": "numeric(12,4)", "raw": "numeric"}
+    doc["sinks"]["revenue"]["aggregate"] |= {
+        "fine_total": {"from": "fine", "fn": "sum", "type": "numeric(18,2)"},
+        "fine_avg_f": {"from": "fine", "fn": "avg", "type": "double precision"},
+        "raw_avg": {"from": "raw", "fn": "avg"},
+    }
+    with legacy_layout():
+        migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
+    directory = tmp_path / "shop" / "postgres"
+    first = (directory / "0001_init.sql").read_text()
+    migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
+    assert (directory / "0001_init.sql").read_text() == first  # never rewritten
+    upgrade = directory / "0002_upgrade_aggregate_revenue.sql"
+    text = upgrade.read_text().replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
+    check_golden("upgrade_aggregate.sql", text)
+    assert '"fine_total", "fine_avg_f", "raw_avg"' in text  # named in the header
+    assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]
+    migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)  # up to date now: nothing more
+    assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]

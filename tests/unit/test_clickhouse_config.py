@@ -277,3 +277,31 @@ def test_retriable_errors_are_told_apart_by_code_not_text() -> None:
     error = wrap_clickhouse_error(DatabaseError("Unknown table", code=60), "sink 'x': inserting batch 3 into a.b")
     assert (error.retriable, error.user_error) == (False, False)
     assert str(error) == "sink 'x': inserting batch 3 into a.b: Unknown table"
+
+
+@pytest.mark.parametrize(
+    ("partition_by", "markers"),
+    [
+        (None, False),
+        ("intHash32(id) % 8", False),  # key columns only: a change always lands in its key's partition
+        ("toYYYYMM(at)", True),
+        ("ifNull(region, 'id')", True),  # a literal naming a column is not a read of it
+        ("`Note ``x``` != ''", True),  # ClickHouse escapes quotes by doubling them
+        ("`Note \\`x\\`` != ''", True),  # or with a backslash
+        ("'`id`' || `region`", True),
+        ("'it''s toYYYYMM(at)' || toString(id)", False),
+        ("`it's` = toYYYYMM(at)", True),
+    ],
+)
+def test_partition_markers_only_when_the_partition_reads_non_key_columns(
+    partition_by: str | None, markers: bool
+) -> None:
+    from cdcsync.sinks.clickhouse import ClickHouseTableSink
+
+    piped = pipeline(partition_by=partition_by)
+    sink = ClickHouseTableSink(piped, "orders_ch", piped.clickhouse_sinks()["orders_ch"], "postgresql://", "http://x")
+    writer = sink.stage_writer(0, "c")
+    assert bool(writer.markers_sql) is markers
+    if markers:
+        assert writer.markers_sql.startswith("INSERT INTO `analytics`.`orders` (`id`, `region`")
+        assert "s.`_partition_id` != n.`_partition_id`" in writer.markers_sql
