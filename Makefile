@@ -1,15 +1,15 @@
 # Every target does its own set-up on a fresh machine: virtualenv, Python packages, JVM jars.
-# Caches (pip's, and cdcsync's Maven cache under ~/.cache/cdcsync) make later runs fast and offline.
+# Caches (pip's, and cdcsync's Ivy caches under ~/.cache/cdcsync) make later runs fast and offline.
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py 2>/dev/null | sha1sum | cut -c1-12)
+JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
+.PHONY: demo test lint unit integration e2e faults bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@rm -f $(VENV)/.deps-*; touch $@
 
-$(JARS_STAMP): $(DEPS_STAMP)
+$(JARS_STAMP): $(DEPS_STAMP) cdcsync/runtime/jars.py cdcsync/runtime/ivy.py
 	$(BIN)/python -m cdcsync.runtime.jars --with-debezium
 	@rm -f $(VENV)/.jars-*; touch $@
 
@@ -27,7 +27,7 @@ jars: $(JARS_STAMP)
 lint: install
 	$(BIN)/ruff check cdcsync tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-logo
 
 test: jars lint
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -40,6 +40,9 @@ integration: jars
 
 e2e: jars
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+faults: jars
+	$(BIN)/pytest -m faults $(PYTEST_ARGS)
 
 demo: jars
 	$(BIN)/python examples/demo.py

@@ -29,12 +29,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.db.clickhouse import connect
 from cdcsync.devstack import workload
-from cdcsync.migrations import clickhouse as clickhouse_migrations
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import CLICKHOUSE, POSTGRES
 from cdcsync.runtime.spark import build_spark_session
 from cdcsync.runtime.stream import PipelineRunner
 
@@ -87,12 +87,12 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, cl
         state_dir=root / "state",
         migrations_dir=root / "migrations",
     )
-    migrations.init(pipeline, settings.migrations_dir)
-    clickhouse_migrations.init(pipeline, settings.migrations_dir)
+    migrations.init(POSTGRES, pipeline, settings.migrations_dir)
+    migrations.init(CLICKHOUSE, pipeline, settings.migrations_dir)
     client = connect(clickhouse_url)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
-    clickhouse_migrations.apply_pending(client, pipeline.name, settings.migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
+    migrations.apply_pending(CLICKHOUSE, client, pipeline.name, settings.migrations_dir)
     client.command(f"SYSTEM STOP MERGES `{database}`.orders")  # so the ceiling below inserts every row written
 
     t0 = time.perf_counter()

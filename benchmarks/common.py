@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.devstack import DevStackConfig, down, up
+from cdcsync.devstack import DevStackConfig, apicurio, down, up
 
 if TYPE_CHECKING:
     from cdcsync.config.pipeline import Pipeline
@@ -67,7 +67,7 @@ def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServic
             f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync",
             f"127.0.0.1:{stack.kafka_port}",
             f"http://default@127.0.0.1:{stack.clickhouse_port}",
-            f"http://127.0.0.1:{stack.schema_registry_port}",
+            apicurio.url(stack),
         )
     finally:
         down(stack)
@@ -96,8 +96,9 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
     """Settings for one benchmark pipeline (own state and migrations), with its migrations applied to ``dsn``."""
     import psycopg
 
+    from cdcsync import migrations
     from cdcsync.config.settings import load_settings
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync.migrations import POSTGRES
 
     settings = load_settings(
         postgres__dsn=dsn,
@@ -105,9 +106,9 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
         state_dir=root / pipeline.name / "state",
         migrations_dir=root / pipeline.name / "migrations",
     )
-    migrations.init(pipeline, settings.migrations_dir)
+    migrations.init(POSTGRES, pipeline, settings.migrations_dir)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
     return settings
 
 

@@ -8,8 +8,9 @@ it also prints how fast the JSON parser alone gets through the same messages (th
 Connect schema only once, so with the schema wrapper it can beat that line).
 
 The Avro figures decode the same changes re-encoded as Debezium's AvroConverter writes them (Confluent wire
-format; ``amount`` as Connect ``Decimal`` bytes), with the writer schemas in an in-process schema registry
-stand-in (fetched once, then cached, as on an executor); fastavro's ``schemaless_reader`` alone is the scale line.
+format; ``amount`` as Connect ``Decimal`` bytes), with the writer schemas in the dev stack's Apicurio
+Registry, started for the run (fetched once, then cached, as on an executor); fastavro's ``schemaless_reader``
+alone is the scale line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import contextlib
 import io
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -70,18 +70,24 @@ def decoder_seconds(events: Sequence[ChangeEvent], spec: DecodeSpec, *, batch: i
 
 
 @contextlib.contextmanager
-def registry_standin() -> Iterator[str]:
-    """The dev stack's schema registry stand-in, in this process on a free port: its URL."""
-    from cdcsync.devstack.schema_registry import SchemaRegistryServer
+def apicurio_registry() -> Iterator[str]:
+    """The dev stack's Apicurio Registry on a free port in a temporary state dir: its Confluent-compatible URL."""
+    import socket
 
+    from cdcsync.devstack import DevStackConfig
+    from cdcsync.devstack.apicurio import ApicurioRegistry
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     with tempfile.TemporaryDirectory(prefix="cdcsync-bench-registry-") as state:
-        server = SchemaRegistryServer(0, Path(state) / "schemas.json", log_requests=False)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        registry = ApicurioRegistry(DevStackConfig(state_dir=Path(state), schema_registry_port=port))
+        registry.start()
         try:
-            yield server.url
+            registry.wait_ready(180)
+            yield registry.address
         finally:
-            server.shutdown()
-            server.server_close()
+            registry.stop()
 
 
 def main() -> None:
@@ -136,7 +142,7 @@ def main() -> None:
 def avro_benchmark(args: argparse.Namespace, columns: tuple[Any, ...], json_events: list[ChangeEvent]) -> None:
     import fastavro
 
-    with registry_standin() as url:
+    with apicurio_registry() as url:
         events = to_avro(json_events, *register_avro_schemas(url, "shop.public.orders"))
         values = [e.value for e in events if e.value is not None]
         size = sum(len(v) for v in values) / len(values)

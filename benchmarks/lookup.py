@@ -34,7 +34,8 @@ from benchmarks.common import (
     prepare_pipeline,
     timed_run,
 )
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.config.settings import load_settings
 from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session

@@ -14,11 +14,11 @@
 
 ``--format avro`` then does steps 2-5 again with the same changes in Avro, as Debezium's AvroConverter writes them
 (Confluent wire format, schemas registered in the stack's schema registry, or ``--schema-registry-url``, or an
-in-process stand-in), into a topic and a database of their own, and prints both formats side by side with the
-decoder's own cost: rows/s of :func:`cdcsync.sources.debezium.dispatch.decode_batches` on one core (CPU time, no
-Spark) over the same messages in Kafka-shaped Arrow batches, as ``benchmarks/decode.py`` measures it. Both pipelines
-share one Spark session; JSON runs first and so also pays the session's first-batch warm-up (seconds: small against 1M
-changes, but it dominates a small ``--changes`` run).
+Apicurio Registry started for the run), into a topic and a database of their own, and prints both formats side by
+side with the decoder's own cost: rows/s of :func:`~cdcsync.sources.debezium.dispatch.decode_batches` on one core
+(CPU time, no Spark) over the same messages in Kafka-shaped Arrow batches, as ``benchmarks/decode.py`` measures it.
+Both pipelines share one Spark session; JSON runs first and so also pays the session's first-batch warm-up (seconds:
+small against 1M changes, but it dominates a small ``--changes`` run).
 
 Prints its figures; asserts only correctness.
 """
@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
-from benchmarks.decode import decoder_seconds, registry_standin
-from cdcsync.config.pipeline import validate_pipeline_dict
+from benchmarks.decode import apicurio_registry, decoder_seconds
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
@@ -93,11 +93,11 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _registry(fmt: str, given: str) -> Iterator[str]:
-    """The schema registry for Avro: the services' own, else an in-process stand-in."""
+    """The schema registry for Avro: the services' own, else an Apicurio Registry of its own."""
     if fmt != "avro" or given:
         yield given
         return
-    with registry_standin() as url:
+    with apicurio_registry() as url:
         yield url
 
 
@@ -205,7 +205,8 @@ def mirror(
     """Migrations into a fresh database, then the pipeline ``--available-now``, timed."""
     import psycopg
 
-    from cdcsync.migrations import postgres as migrations
+    from cdcsync import migrations
+    from cdcsync.migrations import POSTGRES
 
     one.dsn = fresh_database(admin_dsn, "bench")
     source: dict[str, Any] = {
@@ -231,9 +232,9 @@ def mirror(
         state_dir=root / "state" / one.name,
         migrations_dir=root / "migrations" / one.name,
     )
-    migrations.init(pipeline, settings.migrations_dir)
+    migrations.init(POSTGRES, pipeline, settings.migrations_dir)
     with psycopg.connect(one.dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
     t0 = time.perf_counter()
     snapshot = PipelineRunner(pipeline, settings, available_now=True).run(spark)
     one.total_s = time.perf_counter() - t0

@@ -20,19 +20,23 @@ from rich.table import Table
 from rich.text import Text
 
 from cdcsync import __version__
-from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink, load_pipeline
-from cdcsync.config.settings import Settings, load_settings, redact_dsn
+from cdcsync.config.load import load_pipeline
+from cdcsync.config.pipeline import Pipeline, RoutedClickHouseSink, RoutedPostgresSink
+from cdcsync.config.settings import Settings, load_settings
 from cdcsync.core.errors import CdcsyncError, exit_code_for
 
 app = typer.Typer(
     name="cdcsync",
-    help="Debezium changelogs from Kafka through Spark into exactly-equal Postgres targets.",
+    help="Debezium changelogs from Kafka through Spark into Postgres mirrors, Postgres aggregation tables and "
+    "ClickHouse tables, each change applied exactly once. Exit codes: 0 ok, 1 runtime failure, 2 invalid input.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 dev_app = typer.Typer(
-    help="Local services (Postgres, Kafka) for demos and tests; no Docker needed.", no_args_is_help=True
+    help="Local services for demos and tests (Postgres, Kafka, a schema registry, ClickHouse; Debezium on request), "
+    "as plain processes on 127.0.0.1; no Docker needed.",
+    no_args_is_help=True,
 )
 app.add_typer(dev_app, name="dev")
 
@@ -44,7 +48,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PipelineArg = Annotated[Path, typer.Argument(help="Pipeline YAML file.", show_default=False)]
 MigrationsDirOpt = Annotated[
-    Path | None, typer.Option("--migrations-dir", help="Where migrations live (default ./migrations).")
+    Path | None,
+    typer.Option("--migrations-dir", help="Where migrations live (CDCSYNC__MIGRATIONS_DIR; default ./migrations)."),
 ]
 
 
@@ -61,7 +66,8 @@ def main_callback(
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
     state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="Checkpoints and dev-stack data (CDCSYNC__STATE_DIR).")
+        Path | None,
+        typer.Option("--state-dir", help="Checkpoints and dev-stack data (CDCSYNC__STATE_DIR; default ./.cdcsync)."),
     ] = None,
 ) -> None:
     _state["debug"] = debug
@@ -100,7 +106,7 @@ def _settings(migrations_dir: Path | None = None) -> Settings:
 
 def _pipeline(path: Path, settings: Settings) -> Pipeline:
     """The pipeline, its sources' columns completed from what the migrations recorded (no registry, no Kafka)."""
-    from cdcsync.migrations.postgres import recorded_lookup
+    from cdcsync.migrations import recorded_lookup
 
     return load_pipeline(path, recorded_lookup(settings.migrations_dir))
 
@@ -111,8 +117,10 @@ def _pipeline(path: Path, settings: Settings) -> Pipeline:
 @app.command()
 @handles_errors
 def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
-    """Check a pipeline file; every problem is reported with its YAML path (exit 2 when invalid). Offline: columns
-    come from the file and from what `cdcsync init` recorded in the migrations."""
+    """Check a pipeline file, reporting every problem with its YAML path (exit 2 when invalid).
+
+    Offline: columns come from the file and from what `cdcsync init` recorded in the migrations.
+    """
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
     tables = sum(len(route) for route in pipeline.routes.values())
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
@@ -129,10 +137,12 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
 @app.command()
 @handles_errors
 def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
-    """Read each source's columns from its topic's schema (schema registry for Avro, the newest messages for JSON;
-    declared `columns:` override them) and render the DDL into the next numbered migration file(s) for review."""
-    from cdcsync.migrations import clickhouse as clickhouse_migrations
-    from cdcsync.migrations import postgres as migrations
+    """Read the sources' columns and render the DDL into the next numbered migration file(s), for review.
+
+    Columns come from each topic's schema (the schema registry for Avro, the newest messages for JSON); declared
+    `columns:` override them. Only what is new gets a file; destructive changes are refused (exit 2).
+    """
+    from cdcsync import migrations
     from cdcsync.sources.introspect import init_lookup
 
     settings = _settings(migrations_dir)
@@ -142,12 +152,13 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
     finally:
         for note in notes:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    result = migrations.init(pipeline, settings.migrations_dir)
-    out.print(result.summary(), highlight=False)
-    clickhouse = clickhouse_migrations.init(pipeline, settings.migrations_dir)
-    if pipeline.clickhouse_sinks():
-        out.print(clickhouse.summary(), highlight=False)
-    if not (result.up_to_date and clickhouse.up_to_date):
+    up_to_date = True
+    for target in migrations.TARGETS:
+        result = migrations.init(target, pipeline, settings.migrations_dir)
+        if target.used_by(pipeline):
+            out.print(result.summary(), highlight=False)
+        up_to_date = up_to_date and result.up_to_date
+    if not up_to_date:
         out.print(f"review them, then apply with `cdcsync migrate {pipeline_file}` (or psql -f)", highlight=False)
 
 
@@ -158,29 +169,32 @@ def migrate(
     migrations_dir: MigrationsDirOpt = None,
     status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
 ) -> None:
-    """Apply pending migrations to Postgres and, for ClickHouse sinks, ClickHouse (development and demos; a DBA
-    may use psql / clickhouse-client instead)."""
-    from cdcsync.db.clickhouse import connect_from_settings
-    from cdcsync.migrations import clickhouse as clickhouse_migrations
-    from cdcsync.migrations import postgres as migrations
+    """Apply pending migrations to Postgres and, for ClickHouse sinks, to ClickHouse.
+
+    For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
+    """
+    from contextlib import ExitStack
+
+    from cdcsync import migrations
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
-    clickhouse = connect_from_settings(settings) if pipeline.clickhouse_sinks() else None
-    with _connect(settings) as conn:
+    with ExitStack() as stack:
+        targets = [t for t in migrations.TARGETS if t.used_by(pipeline)]
+        connections = [(target, stack.enter_context(target.connect(settings))) for target in targets]
         if status:
             table = Table("migration", "state")
-            items = migrations.status(conn, pipeline.name, settings.migrations_dir)
-            if clickhouse is not None:
-                items += clickhouse_migrations.status(clickhouse, pipeline.name, settings.migrations_dir)
-            for item in items:
-                colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
-                table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
+            for target, connection in connections:
+                for item in migrations.status(target, connection, pipeline.name, settings.migrations_dir):
+                    colour = {"applied": "green", "pending": "yellow", "altered": "red"}[item.state]
+                    table.add_row(str(item.path), f"[{colour}]{item.state}[/]")
             out.print(table)
             return
-        applied = migrations.apply_pending(conn, pipeline.name, settings.migrations_dir)
-    if clickhouse is not None:
-        applied += clickhouse_migrations.apply_pending(clickhouse, pipeline.name, settings.migrations_dir)
+        applied = [
+            item
+            for target, connection in connections
+            for item in migrations.apply_pending(target, connection, pipeline.name, settings.migrations_dir)
+        ]
     if not applied:
         out.print("nothing to apply; the database is up to date")
     for item in applied:
@@ -188,19 +202,9 @@ def migrate(
 
 
 def _connect(settings: Settings) -> Any:
-    import psycopg
+    from cdcsync.db.postgres import connect_from_settings
 
-    from cdcsync.core.errors import ServiceError
-
-    try:
-        return psycopg.connect(settings.postgres_dsn, connect_timeout=10)
-    except psycopg.OperationalError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "connection failed"
-        raise ServiceError(
-            f"connecting to Postgres at {redact_dsn(settings.postgres_dsn)}: {first_line}",
-            hint="start the dev stack with `cdcsync dev up`, or set CDCSYNC__POSTGRES__DSN",
-            retriable=True,
-        ) from None
+    return connect_from_settings(settings)
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -214,9 +218,17 @@ def run(
         bool, typer.Option("--available-now", help="Drain what is in Kafka now, then exit 0.")
     ] = False,
     migrations_dir: MigrationsDirOpt = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="If another run of this pipeline holds its lock, wait for it to end.")
+    ] = False,
 ) -> None:
-    """Stream the pipeline. Ctrl-C (or SIGTERM) finishes the current batch and exits cleanly."""
-    from cdcsync.migrations import postgres as migrations
+    """Stream the pipeline from Kafka into its targets, each change exactly once.
+
+    Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
+    batch and exits 0. One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
+    waits for it with --wait.
+    """
+    from cdcsync import migrations
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
@@ -227,7 +239,12 @@ def run(
     pipeline = _pipeline(pipeline_file, settings)
     with _connect(settings) as conn:
         migrations.check_ready(
-            conn, pipeline.name, settings.migrations_dir, pipeline_file=pipeline_file, pipeline=pipeline
+            migrations.POSTGRES,
+            conn,
+            pipeline.name,
+            settings.migrations_dir,
+            pipeline_file=pipeline_file,
+            pipeline=pipeline,
         )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
@@ -235,15 +252,16 @@ def run(
     for topic in missing:
         err.print(f"[yellow]warning:[/] topic '{topic}' does not exist yet; nothing to read from it", highlight=False)
 
-    runner = PipelineRunner(pipeline, settings, available_now=available_now)
+    runner = PipelineRunner(pipeline, settings, available_now=available_now, wait_for_lock=wait)
     runner.install_signal_handlers()
-    err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
-    spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
-    try:
-        with ProgressView(err) as view:
-            snapshot = runner.run(spark, on_progress=view.update)
-    finally:
-        spark.stop()
+    with runner.locked():  # before Spark starts: a second runner is refused (or waits) at once
+        err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
+        spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
+        try:
+            with ProgressView(err) as view:
+                snapshot = runner.run(spark, on_progress=view.update)
+        finally:
+            spark.stop()
     for sink_id, stats in snapshot.sinks.items():
         out.print(
             f"sink {escape(sink_id)} -> {escape(snapshot.sink_targets[sink_id])}: {stats.batches} batch(es), "
@@ -264,7 +282,10 @@ def run(
 @app.command()
 @handles_errors
 def status(pipeline_file: PipelineArg) -> None:
-    """Lag per partition, last committed batch and row counts per sink."""
+    """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running).
+
+    Also names the run holding the pipeline's lock (pid, host, since when), if one is streaming it now.
+    """
     from cdcsync.runtime.status import pipeline_status
 
     settings = _settings()
@@ -284,6 +305,8 @@ def status(pipeline_file: PipelineArg) -> None:
     out.print(sinks)
     if report.dead_letters:
         out.print(f"dead letters: {report.dead_letters}")
+    running = f"{report.running.describe()} holds the pipeline's lock" if report.running else "none"
+    out.print(f"running: {running}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ dev stack
@@ -327,10 +350,10 @@ def dev_up(
         ),
     ] = False,
 ) -> None:
-    """Start Postgres and Kafka locally (idempotent)."""
+    """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
-    err.print("starting the dev stack (first run downloads Kafka jars) …")
+    err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
     _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
 
 
@@ -347,7 +370,7 @@ def dev_down() -> None:
 @dev_app.command("status")
 @handles_errors
 def dev_status() -> None:
-    """Show whether the dev services are running."""
+    """Show whether each dev service is running, with its pid, address and log file."""
     from cdcsync.devstack import status as stack_status
 
     _print_stack_status(stack_status(_devstack_config()))

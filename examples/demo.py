@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cdcsync.config.pipeline import load_pipeline
+from cdcsync.config.load import load_pipeline
 from cdcsync.config.settings import load_settings
 from cdcsync.devstack import workload
 

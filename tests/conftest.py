@@ -10,8 +10,9 @@ Where the services come from:
 * ``CDCSYNC_TEST_POSTGRES_DSN`` / ``CDCSYNC_TEST_KAFKA_BOOTSTRAP`` / ``CDCSYNC_TEST_CLICKHOUSE_URL``: services you
   already run (``eval "$(cdcsync dev env)"`` prints the dev stack's).
 
-The schema registry is the dev stack's stand-in (port 28081), with containers ``cp-schema-registry`` on the Kafka
-container's network, or ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``.
+The schema registry is the dev stack's Apicurio Registry (port 28081, its Confluent-compatible API at
+``/apis/ccompat/v7``), with containers ``cp-schema-registry`` on the Kafka container's network, or
+``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``.
 
 Real Debezium (Kafka Connect standalone with the Debezium Postgres connector, ``cdcsync.devstack.debezium``) is
 started only for tests that ask for ``debezium_connect`` / ``debezium_source``, on port 28083
@@ -19,6 +20,8 @@ started only for tests that ask for ``debezium_connect`` / ``debezium_source``, 
 Connect worker you already run (it must reach the same Postgres and Kafka).
 
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
+``faults`` tests (``tests/faults/``: the real CLI while something fails) are end-to-end tests too: they carry both
+``faults`` and ``e2e``, so ``make test`` and ``make e2e`` run them and ``make faults`` runs only them.
 """
 
 from __future__ import annotations
@@ -42,11 +45,21 @@ SCHEMA_REGISTRY_IMAGE = "confluentinc/cp-schema-registry:7.7.1"
 CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:24.8"
 
 
+_TIER_MARKERS = {
+    "unit": ("unit",),
+    "integration": ("integration",),
+    "e2e": ("e2e",),
+    "faults": ("faults", "e2e"),
+}
+"""The markers of the tests in each directory under ``tests/``."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.fspath)).relative_to(TESTS_DIR).parts[0]
-        if tier in ("unit", "integration", "e2e") and not any(item.iter_markers(name=tier)):
-            item.add_marker(getattr(pytest.mark, tier))
+        for marker in _TIER_MARKERS.get(tier, ()):
+            if not any(item.iter_markers(name=marker)):
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 @dataclass(frozen=True)
@@ -59,11 +72,11 @@ class Services:
     services were given without ``CDCSYNC_TEST_CLICKHOUSE_URL``."""
     schema_registry_url: str = ""
     """A Confluent-compatible schema registry; empty when services were given without
-    ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL`` (the ``schema_registry_url`` fixture then starts a stand-in of its own)."""
+    ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL`` (the ``schema_registry_url`` fixture then starts an Apicurio of its own)."""
 
 
 def _dev_stack(tmp_root: Path) -> Iterator[Services]:
-    from cdcsync.devstack import DevStackConfig, down, up
+    from cdcsync.devstack import DevStackConfig, apicurio, down, up
 
     config = DevStackConfig(
         state_dir=tmp_root,
@@ -79,7 +92,7 @@ def _dev_stack(tmp_root: Path) -> Iterator[Services]:
             postgres_dsn=f"postgresql://cdcsync@127.0.0.1:{config.postgres_port}/cdcsync",
             bootstrap_servers=f"127.0.0.1:{config.kafka_port}",
             clickhouse_url=f"http://default@127.0.0.1:{config.clickhouse_port}",
-            schema_registry_url=f"http://127.0.0.1:{config.schema_registry_port}",
+            schema_registry_url=apicurio.url(config),
         )
     finally:
         down(config)
@@ -199,7 +212,8 @@ def clickhouse_database(services: Services) -> Iterator[ClickHouseDatabase]:
 @pytest.fixture(scope="session")
 def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The session's schema registry: ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``, else the one of ``services``, else
-    (services given without a registry) the dev stack's stand-in alone, on a free port in a temporary directory."""
+    (services given without a registry) the dev stack's Apicurio Registry alone, on a free port in a temporary
+    directory."""
     given = os.environ.get("CDCSYNC_TEST_SCHEMA_REGISTRY_URL")
     if given:
         yield given
@@ -208,16 +222,17 @@ def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if services.schema_registry_url:
         yield services.schema_registry_url
         return
-    from cdcsync.devstack import DevStackConfig, schema_registry
+    from cdcsync.devstack import DevStackConfig
+    from cdcsync.devstack.apicurio import ApicurioRegistry
 
     state_dir = Path(tempfile.mkdtemp(prefix="cdcsync-test-registry-"))
-    config = DevStackConfig(state_dir=state_dir, schema_registry_port=_free_port())
-    schema_registry.start(config)
+    registry = ApicurioRegistry(DevStackConfig(state_dir=state_dir, schema_registry_port=_free_port()))
+    registry.start()
     try:
-        schema_registry.wait_ready(config, 30)
-        yield schema_registry.url(config)
+        registry.wait_ready(180)
+        yield registry.address
     finally:
-        schema_registry.stop(config)
+        registry.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
@@ -308,12 +323,13 @@ def debezium_connect(services: Services) -> Iterator[DebeziumConnect]:
         kafka_port=int(kafka_port),
         connect_port=int(os.environ.get("CDCSYNC_TEST_CONNECT_PORT", DEFAULT_TEST_CONNECT_PORT)),
     )
+    connect = debezium.KafkaConnect(config)
     try:
-        debezium.start(config)
-        debezium.wait_rest_ready(config, 180)
-        yield DebeziumConnect(debezium.url(config), pg_host, pg_port, pg_user, pg_password)
+        connect.start()
+        connect.wait_rest_ready(180)
+        yield DebeziumConnect(connect.address, pg_host, pg_port, pg_user, pg_password)
     finally:
-        debezium.stop(config)
+        connect.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
 
 

@@ -4,6 +4,17 @@ Validation (:mod:`cdcsync.config.pipeline`) reports the problems this module fin
 (:mod:`cdcsync.migrations.postgres`) turns a resolved sink into the state its templates render. Default result types
 follow Postgres' own aggregate functions (``sum(integer)`` is ``bigint``, ``sum(bigint)`` and ``avg`` of exact
 types are ``numeric``), so that the aggregation table holds exactly what ``SELECT fn(x) ... GROUP BY`` returns.
+
+A declared ``type`` is the type of the readable column, never of the running state: ``sum(x)`` declared
+``numeric(18,2)`` over a ``numeric(12,4)`` column equals ``SELECT sum(x)::numeric(18,2)``, rounded once, not the sum
+of rows each rounded to cents (which drifts a cent per few rows and cannot be undone on retraction). We keep the
+state at full precision rather than refuse such types because a report column of lower scale than the source is
+what users ask for, and Postgres' own ``sum(x)::numeric(18,2)`` is the obvious meaning. So the running sum lives
+in the type Postgres' ``sum`` itself returns (a hidden ``_cdc_<name>_sum`` column when the declared type could
+lose anything per row), and ``avg`` always sums in ``numeric`` (``double precision`` for float columns).
+``avg`` over an unconstrained ``numeric`` column also keeps the largest scale of the rows it averages, because
+Postgres' ``avg`` divides at a result scale that depends on it (and ``max`` of the scales must be recomputed when
+the row holding it leaves, like ``max`` itself).
 """
 
 from __future__ import annotations
@@ -58,7 +69,11 @@ class Aggregate:
     type: PgType
     """Type of the readable column ``name``."""
     accumulator_type: PgType | None = None
-    """``sum`` and ``avg``: type the running sum is kept in (``<name>_sum`` for avg, ``name`` itself for sum)."""
+    """``sum`` and ``avg``: type the running sum is kept in (``<name>_sum`` for avg; for sum ``name`` itself when
+    it equals ``type``, else the hidden ``_cdc_<name>_sum`` and ``name`` is the sum cast to ``type``)."""
+    track_scale: bool = False
+    """``avg`` of an unconstrained ``numeric``: keep the largest scale of the group's values (``_cdc_<name>_scale``)
+    so that the average is computed at the scale Postgres' ``avg`` uses."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,35 @@ def default_type(fn: str, input_type: PgType | None) -> PgType:
     if fn == "avg":
         return DOUBLE if input_type.name in FLOAT_TYPES else NUMERIC
     return input_type
+
+
+def _sum_type(input_type: PgType) -> PgType:
+    """The type Postgres' ``sum`` of ``input_type`` is computed (and returned) in."""
+    return input_type if input_type.name in FLOAT_TYPES else default_type("sum", input_type)
+
+
+def _sums_losslessly(declared: PgType, input_type: PgType) -> bool:
+    """True when adding each row cast to ``declared`` gives the same sum as casting the exact sum once.
+
+    Integers fit any integer or numeric type (overflow aside: an overflow is an error either way); a numeric needs
+    a numeric of no smaller scale; a float column needs ``double precision`` (a float sum is only as exact as
+    Postgres' own, which adds in the column's float type).
+    """
+    if declared == _sum_type(input_type):
+        return True
+    if input_type.name in FLOAT_TYPES:
+        return declared.name == "double precision"
+    if declared.name == "numeric":
+        if not declared.args or input_type.name in INTEGER_TYPES:
+            return True
+        declared_scale = declared.args[1] if len(declared.args) > 1 else 0
+        return bool(input_type.args) and declared_scale >= (input_type.args[1] if len(input_type.args) > 1 else 0)
+    return input_type.name in INTEGER_TYPES and declared.name in INTEGER_TYPES
+
+
+def hidden_sum(aggregate_name: str) -> str:
+    """The full-precision running sum of a ``sum`` whose declared type could round or overflow per row."""
+    return f"_cdc_{aggregate_name}_sum"
 
 
 def generated_columns(aggregate_name: str, fn: str) -> list[str]:
@@ -171,12 +215,21 @@ def resolve(
                 problems.append(f"{where}.type: {declared.sql} cannot hold {spec.fn}({aggregated or '*'})")
                 continue
         accumulator: PgType | None = None
+        track_scale = False
         if spec.fn == "sum":
-            accumulator = result
+            assert input_type is not None
+            accumulator = result if _sums_losslessly(result, input_type) else _sum_type(input_type)
+            if accumulator != result and len(hidden_sum(name).encode()) > 63:
+                problems.append(f"{where}: the name is too long for its running-sum column '{hidden_sum(name)}'")
+                continue
         elif spec.fn == "avg":
             assert input_type is not None
-            accumulator = DOUBLE if input_type.name in FLOAT_TYPES or result.name in FLOAT_TYPES else NUMERIC
-        aggregates.append(Aggregate(name, spec.fn, aggregated, result, accumulator))
+            accumulator = DOUBLE if input_type.name in FLOAT_TYPES else NUMERIC
+            track_scale = input_type.name == "numeric" and not input_type.args
+            if track_scale and len(f"_cdc_{name}_scale".encode()) > 63:
+                problems.append(f"{where}: the name is too long for its bookkeeping column '_cdc_{name}_scale'")
+                continue
+        aggregates.append(Aggregate(name, spec.fn, aggregated, result, accumulator, track_scale))
 
     _check_names(sink, problems)
     return ResolvedAggregation(tuple(groups), tuple(aggregates), tuple(problems))

@@ -1,6 +1,10 @@
-"""What every pipeline YAML model shares: unknown keys refused, keys given as one name or a list."""
+"""What every pipeline YAML model and its validation share: unknown keys refused, keys given as one name or a
+list, suggestions for a misspelt name."""
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -16,3 +20,9 @@ def as_key_list(value: str | list[str] | None) -> list[str] | None:
     if value is None:
         return None
     return [value] if isinstance(value, str) else list(value)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a misspelt ``word``, or nothing when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

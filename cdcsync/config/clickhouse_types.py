@@ -24,6 +24,9 @@ Choices, and why:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 from cdcsync.config.types import SPARK_MAX_DECIMAL_PRECISION, PgType
 
 _BASE_BY_PG: dict[str, str] = {
@@ -87,3 +90,35 @@ def column_type(pg_type: PgType, *, key: bool, low_cardinality: bool = False) ->
     if low_cardinality:
         ch = f"LowCardinality({ch})"
     return ch
+
+
+_TOKEN_RE = re.compile(
+    r"'(?:[^'\\]|\\.|'')*'|`((?:[^`\\]|\\.|``)*)`|\"((?:[^\"\\]|\\.|\"\")*)\"|([A-Za-z_][A-Za-z0-9_]*)"
+)
+"""String literals, quoted and bare identifiers; ClickHouse escapes a quote inside quotes with a backslash or by
+doubling it."""
+_ESCAPE_RE = re.compile(r"\\(.)|([`\"])\2")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return match.group(1) or match.group(2)
+
+
+def partition_columns(expression: str, columns: Iterable[str]) -> set[str]:
+    """The columns of ``columns`` that a ``partition_by`` expression may read (every identifier that names one).
+
+    Conservative on purpose: a function spelled like a column counts as reading it. The sink uses this to decide
+    whether a change can land in another partition than the older rows of its key (see
+    ``templates/clickhouse/runtime/partition_markers.sql.j2``), which is only impossible when the partition
+    depends on key columns alone.
+    """
+    names = set(columns)
+    found = set()
+    for match in _TOKEN_RE.finditer(expression):  # left to right: quotes inside string literals are not names
+        quoted, double_quoted, bare = match.groups()
+        if quoted is None and double_quoted is None and bare is None:
+            continue  # a string literal
+        name = bare if bare is not None else _ESCAPE_RE.sub(_unescape, quoted if quoted is not None else double_quoted)
+        if name in names:
+            found.add(name)
+    return found

@@ -66,7 +66,8 @@ class SchemaRegistrySettings(_Section):
     """The Confluent-compatible registry that ``format: avro`` sources fetch writer schemas from."""
 
     url: str | None = None
-    """Defaults to the dev stack's stand-in. May hold ``user:password@``, so it is shown only redacted."""
+    """Defaults to the dev stack's Apicurio Registry (its ``/apis/ccompat/v7``). May hold ``user:password@``, so it
+    is shown only redacted."""
     basic_auth_user_info: SecretStr | None = None
     """``user:password`` for HTTP basic auth (the client's ``basic.auth.user.info``); never logged."""
     options: dict[str, str] = Field(default_factory=dict)
@@ -120,7 +121,7 @@ class Settings(BaseSettings):
         if self.kafka.bootstrap_servers is None:
             self.kafka.bootstrap_servers = f"127.0.0.1:{self.devstack.kafka_port}"
         if self.schema_registry.url is None:
-            self.schema_registry.url = f"http://127.0.0.1:{self.devstack.schema_registry_port}"
+            self.schema_registry.url = f"http://127.0.0.1:{self.devstack.schema_registry_port}/apis/ccompat/v7"
         if self.postgres.dsn is None:
             self.postgres.dsn = SecretStr(f"postgresql://cdcsync@127.0.0.1:{self.devstack.postgres_port}/cdcsync")
         if self.clickhouse.url is None:

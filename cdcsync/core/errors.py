@@ -71,6 +71,10 @@ class DependencyError(UserError):
     """An optional dependency or external tool is missing; the hint says how to install it."""
 
 
+class PipelineLocked(UserError):
+    """Another run of the pipeline holds its lock (:mod:`cdcsync.runtime.lock`); the message names it (exit 2)."""
+
+
 class ServiceError(CdcsyncError):
     """A service (Kafka, Postgres, the dev stack) failed or could not be reached."""
 

@@ -4,7 +4,8 @@ pyarrow writes the CSV in C++; strings are always quoted and NULL is an unquoted
 how Postgres' CSV format tells an empty string from NULL. ``bytea`` travels in Postgres' hex input format.
 Arrays (Arrow lists) travel as Postgres array literals (``{"1","2",NULL}``: every element quoted, so no element
 text needs to be inspected for delimiters), built in Python: they are rare, and pyarrow's CSV writer has no
-list support.
+list support. Dates and timestamps outside years 1-9999 (which pyarrow cannot print) and the infinities
+(:mod:`cdcsync.core.temporal`) are rendered in Python too, only for the arrays that hold such a value.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.core.temporal import date_text, timestamp_text
+
 if TYPE_CHECKING:
     import pyarrow as pa
+
+_PYARROW_DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31: what pyarrow prints, and Python's date holds
+_PYARROW_MICROS = (_PYARROW_DAYS[0] * 86_400_000_000, (_PYARROW_DAYS[1] + 1) * 86_400_000_000 - 1)
 
 
 def _element_text(value: Any) -> str:
@@ -66,16 +72,60 @@ def copy_then_insert(
         return cur.execute(insert, params).rowcount
 
 
+def _is_temporal(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_date32(data_type) or pa.types.is_timestamp(data_type))
+
+
+def temporal_as_text(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A date32/timestamp[us] array as Postgres input text when pyarrow cannot print one of its values; else as is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    is_date = pa.types.is_date32(array.type)
+    integers = array.cast(pa.int32() if is_date else pa.int64())
+    extremes = pc.min_max(integers)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    safe_low, safe_high = _PYARROW_DAYS if is_date else _PYARROW_MICROS
+    if low is None or (safe_low <= low and high <= safe_high):
+        return array
+    with_time_zone = not is_date and array.type.tz is not None
+    texts = [
+        None if value is None else date_text(value) if is_date else timestamp_text(value, with_time_zone=with_time_zone)
+        for value in integers.to_pylist()
+    ]
+    return pa.array(texts, type=pa.string())
+
+
+def _list_literals(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    import pyarrow as pa
+
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    literals: list[str | None] = []
+    for chunk in chunks:
+        if _is_temporal(chunk.type.value_type):  # elements as text first: Python's dates stop at year 9999
+            values = temporal_as_text(chunk.values).to_pylist()
+            offsets = chunk.offsets.to_pylist()
+            for i, present in enumerate(chunk.is_valid().to_pylist()):
+                literals.append(array_literal(values[offsets[i] : offsets[i + 1]]) if present else None)
+        else:
+            literals.extend(None if v is None else array_literal(v) for v in chunk.to_pylist())
+    return pa.array(literals, type=pa.string())
+
+
 def arrow_to_copy_csv(arrays: list[pa.Array | pa.ChunkedArray]) -> bytes:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     prepared = []
     for array in arrays:
-        if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        if _is_temporal(array.type):
+            array = temporal_as_text(array)
+        elif pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
             array = pa.array([None if v is None else "\\x" + v.hex() for v in array.to_pylist()], type=pa.string())
         elif pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
-            array = pa.array([None if v is None else array_literal(v) for v in array.to_pylist()], type=pa.string())
+            array = _list_literals(array)
         prepared.append(array)
     table = pa.Table.from_arrays(prepared, names=[f"c{i}" for i in range(len(prepared))])
     buffer = io.BytesIO()

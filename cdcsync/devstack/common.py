@@ -42,7 +42,8 @@ class DevStackConfig:
     debezium_schemas_enable: bool = True
     """JsonConverter ``schemas.enable``: the schema/payload wrapper that carries decimal scales."""
     startup_timeout_s: float = 120.0
-    maven_cache_dir: Path | None = None
+    cache_dir: Path | None = None
+    """Where downloaded JVM artifacts are cached; None: :func:`cdcsync.runtime.ivy.cache_root`."""
 
     @property
     def root(self) -> Path:
@@ -225,11 +226,3 @@ def ensure_port_free(service: str, port: int) -> None:
             f"{service}: port {LOOPBACK}:{port} is already in use by a process the dev stack did not start",
             hint="stop that process, or configure a different port for the dev stack",
         )
-
-
-def service_status(name: str, cfg: DevStackConfig, *, marker: str, port: int, address: str, log: Path) -> ServiceStatus:
-    """Running, starting (ours, port not open yet), stopped, or port-busy (someone else's process holds the port)."""
-    pid = owned_pid(cfg.pid_file(name), marker)
-    if pid is None:
-        return ServiceStatus(name, "port-busy" if port_open(port) else "stopped", None, address, log)
-    return ServiceStatus(name, "running" if port_open(port) else "starting", pid, address, log)

@@ -5,9 +5,10 @@ connector shows what a Postgres source actually publishes (snapshot reads, prima
 tombstone + create, logical types, LSNs). ``cdcsync dev up --with-debezium`` starts it next to the other services.
 
 What runs: ``org.apache.kafka.connect.cli.ConnectStandalone`` of the broker's Kafka version, jars resolved from
-Maven Central by :mod:`cdcsync.runtime.maven` into the shared cache (offline after the first run); the connector
-jars are linked into a plugin directory of their own under ``<state dir>/devstack/debezium/plugins`` so Connect
-loads them in plugin isolation, as it would from a Debezium distribution. Offsets live in a file next to it, so
+Maven Central by Apache Ivy into the shared cache (offline after the first run, :mod:`cdcsync.runtime.jars`); the
+connector's official plugin tarball, unpacked once, is linked into a plugin directory of its own under
+``<state dir>/devstack/debezium/plugins`` with Apicurio's converter, so Connect loads them in plugin isolation, as
+Debezium's container images do. Offsets live in a file next to it, so
 a restarted worker resumes where it stopped. Standalone mode keeps connector configs in memory only, so ``up``
 (re)registers the default connector through the REST API each time it finds it missing.
 
@@ -15,7 +16,7 @@ The default connector, ``cdcsync-source``, captures every table of schema ``publ
 ``cdcsync_source`` of the dev stack's Postgres (created on first start) with ``pgoutput``, publishing to
 ``cdcsync_source.public.<table>`` in JSON or (``devstack.debezium_format: avro``) in Avro: Apicurio's
 AvroConverter, from the same plugin directory, writing the Confluent wire format with its schemas registered in
-the dev stack's schema registry (see :func:`avro_converter_config`). Tests and differential checks register
+the dev stack's Apicurio Registry (see :func:`avro_converter_config`). Tests and differential checks register
 connectors of their own with :func:`connector_config` and :func:`put_connector`, and wait for them with
 :func:`wait_caught_up`.
 
@@ -40,19 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from cdcsync.core.errors import ConfigError, ServiceError
-from cdcsync.devstack import postgres, schema_registry
-from cdcsync.devstack.common import (
-    LOOPBACK,
-    DevStackConfig,
-    ServiceStatus,
-    ensure_port_free,
-    owned_pid,
-    port_open,
-    service_status,
-    spawn,
-    startup_failure,
-    stop_pid,
-)
+from cdcsync.devstack import apicurio, postgres
+from cdcsync.devstack.common import LOOPBACK, DevStackConfig, ServiceStatus, port_open
+from cdcsync.devstack.service import Service
+from cdcsync.runtime.ivy import java_executable
 
 NAME = "debezium"
 DEFAULT_CONNECTOR = "cdcsync-source"
@@ -63,7 +55,6 @@ CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 """Apicurio's (``cdcsync.runtime.jars.APICURIO_CONVERTER_COORDINATES``), in the connector's plugin directory."""
-APICURIO_API_PATH = schema_registry.APICURIO_PREFIX
 SERVICE_MANIFESTS = {"org.apache.kafka.connect.storage.Converter": [AVRO_CONVERTER]}
 """ServiceLoader entries the plugin's jars lack (see :func:`_write_manifest_jar`)."""
 VALUE_FORMATS = ("json", "avro")
@@ -95,10 +86,6 @@ logger.debezium.level = INFO
 
 def home(cfg: DevStackConfig) -> Path:
     return cfg.root / NAME
-
-
-def log_file(cfg: DevStackConfig) -> Path:
-    return home(cfg) / "connect.log"
 
 
 def worker_config_file(cfg: DevStackConfig) -> Path:
@@ -184,8 +171,8 @@ def connector_config(
     (``adaptive``), a new slot starts with a snapshot (``initial``). ``overrides`` win over everything.
 
     ``value_format="avro"`` writes keys and values with Apicurio's AvroConverter in the Confluent wire format,
-    registering schemas at ``schema_registry_url`` (a Confluent-compatible registry that also speaks Apicurio's v2
-    API, like the dev stack's; see :func:`avro_converter_config`); ``schemas_enable`` is then moot.
+    registering schemas in the Apicurio Registry whose Confluent-compatible API is at ``schema_registry_url`` (like
+    the dev stack's; see :func:`avro_converter_config`); ``schemas_enable`` is then moot.
     """
     if value_format not in VALUE_FORMATS:
         raise ConfigError(
@@ -237,16 +224,17 @@ def avro_converter_config(schema_registry_url: str) -> dict[str, str]:
     """Key and value converters writing what Confluent's AvroConverter writes (magic byte 0, 4-byte schema id,
     Avro body; subjects ``<topic>-key`` / ``<topic>-value``), with Apicurio's converter.
 
-    ``as-confluent`` makes the id 4 bytes after the magic byte, ``use-id=contentId`` makes it the id Apicurio's
-    ccompat API (and the dev registry, where it is also the Confluent id) serves at ``/schemas/ids/{id}``, and
-    ``headers.enabled=false`` keeps it in the body rather than in Kafka headers.
+    ``schema_registry_url`` is Apicurio's Confluent-compatible API (``.../apis/ccompat/v7``); the converter talks
+    to the v2 API of the same server. ``as-confluent`` makes the id 4 bytes after the magic byte,
+    ``use-id=contentId`` makes it the id Apicurio's ccompat API serves at ``/schemas/ids/{id}`` (its default,
+    non-legacy id mode), and ``headers.enabled=false`` keeps it in the body rather than in Kafka headers.
     """
     config: dict[str, str] = {}
     for side in ("key", "value"):
         prefix = f"{side}.converter"
         config[prefix] = AVRO_CONVERTER
         for option, value in (
-            ("url", schema_registry_url.rstrip("/") + APICURIO_API_PATH),
+            ("url", apicurio.v2_url(schema_registry_url)),
             ("auto-register", "true"),
             ("as-confluent", "true"),
             ("use-id", "contentId"),
@@ -270,21 +258,15 @@ def default_connector_config(cfg: DevStackConfig) -> dict[str, str]:
         port=cfg.postgres_port,
         value_format=cfg.debezium_format,
         schemas_enable=cfg.debezium_schemas_enable,
-        schema_registry_url=schema_registry.url(cfg),
+        schema_registry_url=apicurio.url(cfg),
     )
 
 
 # -------------------------------------------------------------------------------------------------- the process
 
 
-def _java() -> str:
-    from cdcsync.devstack.kafka import java_executable
-
-    return java_executable("Kafka Connect with Debezium")
-
-
 def _link_plugin(cfg: DevStackConfig, jars: list[Path]) -> None:
-    """One plugin directory of symlinks into the Maven cache, rebuilt on every start so upgrades leave no strays."""
+    """One plugin directory of symlinks into the cache, rebuilt on every start so upgrades leave no strays."""
     target = plugin_dir(cfg) / "debezium-connector-postgres"
     scratch = target.with_name(target.name + ".new")
     shutil.rmtree(scratch, ignore_errors=True)
@@ -320,64 +302,72 @@ def _write_configs(cfg: DevStackConfig) -> None:
         os.replace(tmp, path)
 
 
-def status(cfg: DevStackConfig) -> ServiceStatus:
-    return service_status(
-        NAME, cfg, marker=str(worker_config_file(cfg)), port=cfg.connect_port, address=url(cfg), log=log_file(cfg)
-    )
+class KafkaConnect(Service):
+    """The Connect worker; ready (:meth:`wait_ready`) once its default connector runs, not merely its REST API."""
 
+    name = NAME
+    log_name = "connect.log"
+    # SIGTERM lets the worker stop its tasks and commit their offsets; SIGKILL only if that takes too long.
 
-def start(cfg: DevStackConfig) -> ServiceStatus:
-    """Resolve the jars (cached after the first run), lay out the plugin directory, launch detached; no waiting.
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(worker_config_file(cfg)), port=cfg.connect_port, address=url(cfg))
 
-    Kafka must already answer: the worker looks up the cluster id as it starts.
-    """
-    current = status(cfg)
-    if current.pid is not None:
-        return current
-    ensure_port_free(f"{NAME} (Kafka Connect REST)", cfg.connect_port)
-    if cfg.debezium_format not in VALUE_FORMATS:
-        raise ConfigError(
-            f"devstack.debezium_format {cfg.debezium_format!r} is not one of {', '.join(VALUE_FORMATS)}",
-            hint="set CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT to json or avro",
-        )
-    java = _java()
-    from cdcsync.runtime.jars import KAFKA_CONNECT_MAIN_CLASS, debezium_postgres_plugin_jars, kafka_connect_jars
+    def ports(self) -> dict[str, int]:
+        return {f"{NAME} (Kafka Connect REST)": self.cfg.connect_port}
 
-    classpath = os.pathsep.join(str(p) for p in kafka_connect_jars(cfg.maven_cache_dir))
-    _link_plugin(cfg, debezium_postgres_plugin_jars(cfg.maven_cache_dir))
-    _write_configs(cfg)
-    argv = [
-        java,
-        *JVM_OPTIONS,
-        f"-Dlog4j2.configurationFile={(home(cfg) / 'log4j2.properties').as_uri()}",
-        f"-Dkafka.logs.dir={home(cfg)}",
-        "-cp",
-        classpath,
-        KAFKA_CONNECT_MAIN_CLASS,
-        str(worker_config_file(cfg)),
-    ]
-    pid = spawn(argv, log_file=log_file(cfg), pid_file=cfg.pid_file(NAME), cwd=home(cfg))
-    return ServiceStatus(NAME, "starting", pid, url(cfg), log_file(cfg), started=True)
+    def launch(self) -> ServiceStatus:
+        """Resolve the jars (cached after the first run), lay out the plugin directory, launch detached.
 
+        Kafka must already answer: the worker looks up the cluster id as it starts.
+        """
+        cfg = self.cfg
+        if cfg.debezium_format not in VALUE_FORMATS:
+            raise ConfigError(
+                f"devstack.debezium_format {cfg.debezium_format!r} is not one of {', '.join(VALUE_FORMATS)}",
+                hint="set CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT to json or avro",
+            )
+        java = java_executable("Kafka Connect with Debezium")
+        from cdcsync.runtime.jars import KAFKA_CONNECT_MAIN_CLASS, debezium_postgres_plugin_jars, kafka_connect_jars
 
-def wait_rest_ready(cfg: DevStackConfig, timeout_s: float | None = None) -> None:
-    """Ready means the REST API answers with the worker's version, not merely that the port is bound."""
-    deadline = time.monotonic() + (cfg.startup_timeout_s if timeout_s is None else timeout_s)
-    last = "no answer yet"
-    while True:
-        if owned_pid(cfg.pid_file(NAME), str(worker_config_file(cfg))) is None:
-            raise startup_failure(NAME, log_file(cfg), "the Kafka Connect process exited")
-        if port_open(cfg.connect_port):
-            try:
-                info = _rest("GET", url(cfg) + "/")
-                if isinstance(info, dict) and info.get("version"):
-                    return
-                last = f"unexpected answer {info!r}"
-            except ServiceError as exc:
-                last = str(exc)
-        if time.monotonic() > deadline:
-            raise startup_failure(NAME, log_file(cfg), f"REST API not answering at {url(cfg)}: {last}")
-        time.sleep(0.3)
+        classpath = os.pathsep.join(str(p) for p in kafka_connect_jars(cfg.cache_dir))
+        _link_plugin(cfg, debezium_postgres_plugin_jars(cfg.cache_dir))
+        _write_configs(cfg)
+        argv = [
+            java,
+            *JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={(home(cfg) / 'log4j2.properties').as_uri()}",
+            f"-Dkafka.logs.dir={home(cfg)}",
+            "-cp",
+            classpath,
+            KAFKA_CONNECT_MAIN_CLASS,
+            str(worker_config_file(cfg)),
+        ]
+        return self.spawn(argv)
+
+    def probe(self) -> str | None:
+        """The REST API answers with the worker's version, not merely that the port is bound."""
+        if not port_open(self.cfg.connect_port):
+            return "port not open yet"
+        try:
+            info = _rest("GET", url(self.cfg) + "/")
+        except ServiceError as exc:
+            return str(exc)
+        return None if isinstance(info, dict) and info.get("version") else f"unexpected answer {info!r}"
+
+    def wait_rest_ready(self, timeout_s: float | None = None) -> None:
+        super().wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """REST up, source database there, default connector registered and running (its snapshot may still run)."""
+        cfg = self.cfg
+        budget = cfg.startup_timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        self.wait_rest_ready(budget)
+        ensure_source_database(cfg)
+        config = default_connector_config(cfg)
+        if get_connector_config(url(cfg), DEFAULT_CONNECTOR) != config:
+            put_connector(url(cfg), DEFAULT_CONNECTOR, config)
+        wait_connector_running(url(cfg), DEFAULT_CONNECTOR, max(10.0, budget - (time.monotonic() - started)))
 
 
 def ensure_source_database(cfg: DevStackConfig) -> None:
@@ -405,29 +395,6 @@ def ensure_replication_role(conn: Any, role: str) -> None:
             f"Postgres role {role!r} lacks the REPLICATION attribute Debezium needs, and granting it failed: {exc}",
             hint=f"as a superuser: ALTER ROLE {role} WITH REPLICATION",
         ) from exc
-
-
-def wait_ready(cfg: DevStackConfig, timeout_s: float | None = None) -> None:
-    """REST up, source database there, default connector registered and running (its snapshot may still run)."""
-    budget = cfg.startup_timeout_s if timeout_s is None else timeout_s
-    started = time.monotonic()
-    wait_rest_ready(cfg, budget)
-    ensure_source_database(cfg)
-    config = default_connector_config(cfg)
-    if get_connector_config(url(cfg), DEFAULT_CONNECTOR) != config:
-        put_connector(url(cfg), DEFAULT_CONNECTOR, config)
-    wait_connector_running(url(cfg), DEFAULT_CONNECTOR, max(10.0, budget - (time.monotonic() - started)))
-
-
-def stop(cfg: DevStackConfig) -> ServiceStatus:
-    """SIGTERM lets the worker stop its tasks and commit their offsets; SIGKILL only if that takes too long."""
-    pid = owned_pid(cfg.pid_file(NAME), str(worker_config_file(cfg)))
-    detail = None
-    if pid is not None:
-        killed = stop_pid(pid, timeout_s=30)
-        detail = "killed after timeout" if killed else "stopped"
-    cfg.pid_file(NAME).unlink(missing_ok=True)
-    return ServiceStatus(NAME, "stopped", None, url(cfg), log_file(cfg), detail=detail)
 
 
 # ------------------------------------------------------------------------------------------------ the REST API
@@ -624,4 +591,4 @@ def drop_replication_slot(dsn: str, slot_name: str, timeout_s: float = 30.0) -> 
 
 def check_java() -> None:
     """Raise :class:`~cdcsync.core.errors.DependencyError` when no Java runtime is available (tests skip on it)."""
-    _java()
+    java_executable("Kafka Connect with Debezium")

@@ -1,7 +1,7 @@
 """An Apache Kafka broker for the dev stack: KRaft combined mode (broker + controller), one node, on the local JVM.
 
-The broker jars come from Maven Central through our own resolver (:func:`cdcsync.runtime.jars.kafka_broker_jars`),
-the same way Spark's connector jars do, so the only system requirement is Java 17+. Storage is formatted once
+The broker jars come from Maven Central through Apache Ivy (:func:`cdcsync.runtime.jars.kafka_broker_jars`),
+the resolver Spark uses for its connector jars, so the only system requirement is Java 17+. Storage is formatted once
 with a cluster id generated once and kept next to it; later starts reuse both, so topics and offsets survive
 ``dev down`` / ``dev up``.
 """
@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
-from cdcsync.core.errors import DependencyError
-from cdcsync.devstack.common import (
-    LOOPBACK,
-    DevStackConfig,
-    ServiceStatus,
-    ensure_port_free,
-    owned_pid,
-    port_open,
-    service_status,
-    spawn,
-    startup_failure,
-    stop_pid,
-)
+from cdcsync.devstack.common import LOOPBACK, DevStackConfig, ServiceStatus, port_open, startup_failure
+from cdcsync.devstack.service import Service
+from cdcsync.runtime.ivy import java_executable
 
 NAME = "kafka"
 NODE_ID = 1
@@ -97,24 +85,6 @@ def server_properties(cfg: DevStackConfig) -> str:
     return "".join(f"{key}={value}\n" for key, value in props.items())
 
 
-def _java() -> str:
-    return java_executable()
-
-
-def java_executable(purpose: str = "the Kafka broker") -> str:
-    """``$JAVA_HOME/bin/java``, else ``java`` on PATH; ``purpose`` names the service in the error."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise DependencyError(
-            f"no Java runtime found (needed for {purpose})",
-            hint="install a JDK/JRE 17 or newer and put `java` on PATH (or set JAVA_HOME)",
-        )
-    return found
-
-
 def _new_cluster_id() -> str:
     """Kafka's own format: URL-safe base64 of a random UUID, never starting with '-' (it would parse as a flag)."""
     while True:
@@ -138,7 +108,7 @@ def cluster_id(cfg: DevStackConfig) -> str:
 def _classpath(cfg: DevStackConfig) -> str:
     from cdcsync.runtime.jars import kafka_broker_jars
 
-    return os.pathsep.join(str(p) for p in kafka_broker_jars(cfg.maven_cache_dir))
+    return os.pathsep.join(str(p) for p in kafka_broker_jars(cfg.cache_dir))
 
 
 def _write_configs(cfg: DevStackConfig) -> None:
@@ -152,7 +122,7 @@ def _write_configs(cfg: DevStackConfig) -> None:
 
 def _jvm(cfg: DevStackConfig, classpath: str) -> list[str]:
     return [
-        _java(),
+        java_executable("the Kafka broker"),
         *HEAP,
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
@@ -190,60 +160,38 @@ def _format_storage(cfg: DevStackConfig, classpath: str) -> None:
         raise startup_failure(NAME, log_file(cfg), f"formatting storage exited with {result.returncode}")
 
 
-def status(cfg: DevStackConfig) -> ServiceStatus:
-    return service_status(
-        NAME, cfg, marker=str(config_file(cfg)), port=cfg.kafka_port, address=bootstrap_servers(cfg), log=log_file(cfg)
-    )
+class KafkaBroker(Service):
+    name = NAME
+    log_name = "kafka.log"
+    # SIGTERM makes the broker flush and close its logs cleanly; SIGKILL only if that takes too long.
+    stop_timeout_s = 45.0
 
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(config_file(cfg)), port=cfg.kafka_port, address=bootstrap_servers(cfg))
 
-def start(cfg: DevStackConfig) -> ServiceStatus:
-    """Resolve the broker jars (cached after the first run), format once, launch detached; does not wait."""
-    current = status(cfg)
-    if current.pid is not None:
-        return current
-    ensure_port_free(NAME, cfg.kafka_port)
-    ensure_port_free(f"{NAME} controller", cfg.kafka_controller_port)
-    classpath = _classpath(cfg)
-    _write_configs(cfg)
-    _format_storage(cfg, classpath)
-    from cdcsync.runtime.jars import KAFKA_MAIN_CLASS
+    def ports(self) -> dict[str, int]:
+        return {NAME: self.cfg.kafka_port, f"{NAME} controller": self.cfg.kafka_controller_port}
 
-    argv = [*_jvm(cfg, classpath), KAFKA_MAIN_CLASS, str(config_file(cfg))]
-    pid = spawn(argv, log_file=log_file(cfg), pid_file=cfg.pid_file(NAME), cwd=home(cfg))
-    return ServiceStatus(NAME, "starting", pid, bootstrap_servers(cfg), log_file(cfg), started=True)
+    def launch(self) -> ServiceStatus:
+        """Resolve the broker jars (cached after the first run), format once, launch detached."""
+        from cdcsync.runtime.jars import KAFKA_MAIN_CLASS
 
+        classpath = _classpath(self.cfg)
+        _write_configs(self.cfg)
+        _format_storage(self.cfg, classpath)
+        return self.spawn([*_jvm(self.cfg, classpath), KAFKA_MAIN_CLASS, str(config_file(self.cfg))])
 
-def wait_ready(cfg: DevStackConfig, timeout_s: float | None = None) -> None:
-    """Ready means a client can fetch cluster metadata, not merely that the port is bound."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
+    def probe(self) -> str | None:
+        """Ready means a client can fetch cluster metadata, not merely that the port is bound."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
 
-    deadline = time.monotonic() + (cfg.startup_timeout_s if timeout_s is None else timeout_s)
-    # librdkafka logs every refused connection while the broker boots; those are expected, not news.
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers(cfg), "log_level": 0})
-    last = "no answer yet"
-    while True:
-        if owned_pid(cfg.pid_file(NAME), str(config_file(cfg))) is None:
-            raise startup_failure(NAME, log_file(cfg), "the broker process exited")
-        if port_open(cfg.kafka_port):
-            try:
-                metadata = admin.list_topics(timeout=3)
-                if metadata.brokers:
-                    return
-                last = "no brokers in metadata yet"
-            except KafkaException as exc:
-                last = str(exc)
-        if time.monotonic() > deadline:
-            raise startup_failure(NAME, log_file(cfg), f"not answering at {bootstrap_servers(cfg)}: {last}")
-        time.sleep(0.3)
-
-
-def stop(cfg: DevStackConfig) -> ServiceStatus:
-    """SIGTERM makes the broker flush and close its logs cleanly; SIGKILL only if that takes too long."""
-    pid = owned_pid(cfg.pid_file(NAME), str(config_file(cfg)))
-    detail = None
-    if pid is not None:
-        killed = stop_pid(pid, timeout_s=45)
-        detail = "killed after timeout" if killed else "stopped"
-    cfg.pid_file(NAME).unlink(missing_ok=True)
-    return ServiceStatus(NAME, "stopped", None, bootstrap_servers(cfg), log_file(cfg), detail=detail)
+        if not port_open(self.cfg.kafka_port):
+            return "port not open yet"
+        # librdkafka logs every refused connection while the broker boots; those are expected, not news.
+        admin = AdminClient({"bootstrap.servers": self.address, "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=3)
+        except KafkaException as exc:
+            return str(exc)
+        return None if metadata.brokers else "no brokers in metadata yet"

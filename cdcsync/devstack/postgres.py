@@ -20,23 +20,12 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdcsync.core.errors import DependencyError, ServiceError
-from cdcsync.devstack.common import (
-    LOOPBACK,
-    DevStackConfig,
-    ServiceStatus,
-    ensure_port_free,
-    owned_pid,
-    port_open,
-    service_status,
-    spawn,
-    startup_failure,
-    stop_pid,
-)
+from cdcsync.devstack.common import LOOPBACK, DevStackConfig, ServiceStatus, port_open, startup_failure
+from cdcsync.devstack.service import Service
 
 NAME = "postgres"
 USER = "cdcsync"
@@ -220,72 +209,52 @@ def _initdb(cfg: DevStackConfig, binaries: PostgresBinaries, run_as: tuple[int, 
     os.replace(scratch, target)
 
 
-def status(cfg: DevStackConfig) -> ServiceStatus:
-    return service_status(
-        NAME, cfg, marker=str(data_dir(cfg)), port=cfg.postgres_port, address=dsn(cfg), log=log_file(cfg)
-    )
+class Postgres(Service):
+    name = NAME
+    log_name = "postgres.log"
+    # Fast shutdown (SIGINT): SIGTERM would be "smart" and wait for clients such as Debezium to disconnect.
+    stop_signal = signal.SIGINT
+    poll_interval_s = 0.2
 
+    def __init__(self, cfg: DevStackConfig) -> None:
+        super().__init__(cfg, marker=str(data_dir(cfg)), port=cfg.postgres_port, address=dsn(cfg))
 
-def start(cfg: DevStackConfig) -> ServiceStatus:
-    """Initialise once, then launch the server detached. Returns without waiting; see :func:`wait_ready`."""
-    current = status(cfg)
-    if current.pid is not None:
-        return current
-    ensure_port_free(NAME, cfg.postgres_port)
-    binaries = find_binaries()
-    run_as = _run_as()
-    _initdb(cfg, binaries, run_as)
-    target = data_dir(cfg)
-    if run_as is not None:
-        # Repairs ownership after e.g. a restore by root; postgres refuses a data dir it does not own (0700).
-        if target.stat().st_uid != run_as[0]:
-            _chown_tree(target, *run_as)
-        _grant_traversal(target, *run_as)
-        _grant_traversal(binaries.postgres, *run_as)
-    os.chmod(target, 0o700)
-    stale = target / "postmaster.pid"
-    if stale.exists() and not port_open(cfg.postgres_port):
-        stale.unlink()  # left by a killed server; our pid check above proved it is not running
-    settings = {**SERVER_SETTINGS, "port": str(cfg.postgres_port)}
-    argv = [str(binaries.postgres), "-D", str(target)]
-    for key, value in settings.items():
-        argv += ["-c", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env["LC_ALL"] = "C"
-    pid = spawn(argv, log_file=log_file(cfg), pid_file=cfg.pid_file(NAME), cwd=target, env=env, user=run_as)
-    return ServiceStatus(NAME, "starting", pid, dsn(cfg), log_file(cfg), started=True, detail=binaries.source)
+    def launch(self) -> ServiceStatus:
+        """Initialise once, then launch the server detached."""
+        cfg = self.cfg
+        binaries = find_binaries()
+        run_as = _run_as()
+        _initdb(cfg, binaries, run_as)
+        target = data_dir(cfg)
+        if run_as is not None:
+            # Repairs ownership after e.g. a restore by root; postgres refuses a data dir it does not own (0700).
+            if target.stat().st_uid != run_as[0]:
+                _chown_tree(target, *run_as)
+            _grant_traversal(target, *run_as)
+            _grant_traversal(binaries.postgres, *run_as)
+        os.chmod(target, 0o700)
+        stale = target / "postmaster.pid"
+        if stale.exists() and not port_open(cfg.postgres_port):
+            stale.unlink()  # left by a killed server; our pid check proved it is not running
+        settings = {**SERVER_SETTINGS, "port": str(cfg.postgres_port)}
+        argv = [str(binaries.postgres), "-D", str(target)]
+        for key, value in settings.items():
+            argv += ["-c", f"{key}={value}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        return self.spawn(argv, cwd=target, env=env, user=run_as, detail=binaries.source)
 
+    def probe(self) -> str | None:
+        """Ready when the ``cdcsync`` database accepts connections; it is created on first start."""
+        import psycopg
 
-def wait_ready(cfg: DevStackConfig, timeout_s: float | None = None) -> None:
-    """Block until the ``cdcsync`` database accepts connections, creating it on first start."""
-    import psycopg
-
-    deadline = time.monotonic() + (cfg.startup_timeout_s if timeout_s is None else timeout_s)
-    last = "no answer yet"
-    while True:
-        if owned_pid(cfg.pid_file(NAME), str(data_dir(cfg))) is None:
-            raise startup_failure(NAME, log_file(cfg), "the server process exited")
         try:
-            with psycopg.connect(dsn(cfg, "postgres"), connect_timeout=3, autocommit=True) as conn:
+            with psycopg.connect(dsn(self.cfg, "postgres"), connect_timeout=3, autocommit=True) as conn:
                 exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
                 if not exists:
                     conn.execute(f'CREATE DATABASE "{DATABASE}"')
-            with psycopg.connect(dsn(cfg), connect_timeout=3) as conn:
+            with psycopg.connect(dsn(self.cfg), connect_timeout=3) as conn:
                 conn.execute("SELECT 1")
-            return
         except psycopg.Error as exc:
-            last = str(exc).strip() or type(exc).__name__
-        if time.monotonic() > deadline:
-            raise startup_failure(NAME, log_file(cfg), f"not accepting connections at {dsn(cfg)}: {last}")
-        time.sleep(0.2)
-
-
-def stop(cfg: DevStackConfig) -> ServiceStatus:
-    """Fast shutdown (SIGINT): SIGTERM would be "smart" and wait for clients such as Debezium to disconnect."""
-    pid = owned_pid(cfg.pid_file(NAME), str(data_dir(cfg)))
-    detail = None
-    if pid is not None:
-        killed = stop_pid(pid, first_signal=signal.SIGINT, timeout_s=30)
-        detail = "killed after timeout" if killed else "stopped"
-    cfg.pid_file(NAME).unlink(missing_ok=True)
-    return ServiceStatus(NAME, "stopped", None, dsn(cfg), log_file(cfg), detail=detail)
+            return str(exc).strip() or type(exc).__name__
+        return None

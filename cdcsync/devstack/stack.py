@@ -11,39 +11,25 @@ import contextlib
 import fcntl
 import shlex
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-from cdcsync.devstack import clickhouse, debezium, kafka, postgres, schema_registry
+from cdcsync.devstack import apicurio, clickhouse, debezium, kafka, postgres
 from cdcsync.devstack.common import DevStackConfig, ServiceStatus
+from cdcsync.devstack.service import Service
 
-
-@dataclass(frozen=True)
-class _Service:
-    name: str
-    status: Callable[[DevStackConfig], ServiceStatus]
-    start: Callable[[DevStackConfig], ServiceStatus]
-    wait_ready: Callable[[DevStackConfig, float | None], None]
-    stop: Callable[[DevStackConfig], ServiceStatus]
-
+ServiceKind = Callable[[DevStackConfig], Service]
 
 # Start order; stopped in reverse so that clients (Kafka Connect later) go before what they depend on.
-SERVICES: tuple[_Service, ...] = (
-    _Service(postgres.NAME, postgres.status, postgres.start, postgres.wait_ready, postgres.stop),
-    _Service(kafka.NAME, kafka.status, kafka.start, kafka.wait_ready, kafka.stop),
-    _Service(
-        schema_registry.NAME,
-        schema_registry.status,
-        schema_registry.start,
-        schema_registry.wait_ready,
-        schema_registry.stop,
-    ),
-    _Service(clickhouse.NAME, clickhouse.status, clickhouse.start, clickhouse.wait_ready, clickhouse.stop),
+SERVICES: tuple[ServiceKind, ...] = (
+    postgres.Postgres,
+    kafka.KafkaBroker,
+    apicurio.ApicurioRegistry,
+    clickhouse.ClickHouse,
 )
 
 # Started only on request (``up(with_debezium=True)``), after the services above are ready: Kafka Connect looks
 # up the Kafka cluster as it starts, and its connector needs Postgres. ``status``/``down`` include it when a pid
 # file shows it was started.
-DEBEZIUM = _Service(debezium.NAME, debezium.status, debezium.start, debezium.wait_ready, debezium.stop)
+DEBEZIUM: ServiceKind = debezium.KafkaConnect
 
 
 @contextlib.contextmanager
@@ -72,34 +58,33 @@ def up(cfg: DevStackConfig, *, with_debezium: bool = False) -> dict[str, Service
         return result
 
 
-def _start_and_wait(cfg: DevStackConfig, services: tuple[_Service, ...]) -> dict[str, ServiceStatus]:
-    launched: dict[str, ServiceStatus] = {}
-    for service in services:
-        current = service.status(cfg)
-        launched[service.name] = current if current.pid is not None else service.start(cfg)
+def _start_and_wait(cfg: DevStackConfig, kinds: tuple[ServiceKind, ...]) -> dict[str, ServiceStatus]:
+    services = [kind(cfg) for kind in kinds]
+    launched = {service.name: service.start() for service in services}
     result: dict[str, ServiceStatus] = {}
     for service in services:
-        service.wait_ready(cfg, None)
-        final = service.status(cfg)
+        service.wait_ready()
+        final = service.status()
         final.started = launched[service.name].started
         final.detail = launched[service.name].detail
         result[service.name] = final
     return result
 
 
-def _present(cfg: DevStackConfig) -> tuple[_Service, ...]:
+def _present(cfg: DevStackConfig) -> list[Service]:
     """The services of this stack: the optional ones only once they were started."""
-    return (*SERVICES, DEBEZIUM) if debezium.was_started(cfg) else SERVICES
+    kinds = (*SERVICES, DEBEZIUM) if debezium.was_started(cfg) else SERVICES
+    return [kind(cfg) for kind in kinds]
 
 
 def down(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
     """Stop only what ``up`` started, newest first."""
     with _locked(cfg):
-        return {service.name: service.stop(cfg) for service in reversed(_present(cfg))}
+        return {service.name: service.stop() for service in reversed(_present(cfg))}
 
 
 def status(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
-    return {service.name: service.status(cfg) for service in _present(cfg)}
+    return {service.name: service.status() for service in _present(cfg)}
 
 
 def env_lines(cfg: DevStackConfig) -> list[str]:
@@ -107,7 +92,7 @@ def env_lines(cfg: DevStackConfig) -> list[str]:
     values = {
         "CDCSYNC__POSTGRES__DSN": postgres.dsn(cfg),
         "CDCSYNC__KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers(cfg),
-        "CDCSYNC__SCHEMA_REGISTRY__URL": schema_registry.url(cfg),
+        "CDCSYNC__SCHEMA_REGISTRY__URL": apicurio.url(cfg),
         "CDCSYNC__CLICKHOUSE__URL": clickhouse.url(cfg),
     }
     if debezium.was_started(cfg):

@@ -1,6 +1,9 @@
-"""The JVM classpaths cdcsync needs beyond what pyspark ships, resolved through :mod:`cdcsync.runtime.maven`.
+"""The JVM artifacts cdcsync needs beyond what pyspark ships, resolved by Apache Ivy (:mod:`cdcsync.runtime.ivy`).
 
-Versions are pinned here, in one place, so that a cold cache resolves the same jars on every machine.
+Spark's Kafka connector comes through Spark's own ``spark.jars.packages`` (Ivy inside ``spark-submit``), with its
+Ivy home under the cdcsync cache; the dev stack's broker, Kafka Connect, Debezium's connector (its official plugin
+tarball) and Apicurio Registry (its ``all`` tarball) come through the same Ivy, run on its own. Versions are pinned
+here, in one place, so that a cold cache resolves the same artifacts on every machine.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cdcsync.runtime.maven import MavenResolver
+from cdcsync.runtime.ivy import Artifact, cache_root, resolve, unpacked, write_settings
 
 SCALA_BINARY_VERSION = "2.13"
 
@@ -38,16 +41,37 @@ KAFKA_CONNECT_MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 # The newest Debezium 3.x built against Kafka 4.1 (its `version.kafka` is 4.1.1), so it runs on a 4.1.2 Connect
 # worker as tested upstream. 3.6.x is built against Kafka 4.3 and would need a newer worker.
 DEBEZIUM_VERSION = "3.5.0.Final"
-DEBEZIUM_POSTGRES_COORDINATES = [f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}"]
+# The plugin tarball is what Debezium's own container images unpack into Connect's plugin path.
+DEBEZIUM_POSTGRES_PLUGIN = Artifact(
+    "io.debezium", "debezium-connector-postgres", DEBEZIUM_VERSION, classifier="plugin", ext="tar.gz", transitive=False
+)
 # Avro for the dev stack's Debezium: Confluent's AvroConverter is not on Maven Central, Apicurio's is, and writes
-# the Confluent wire format against the dev registry's Apicurio v2 subset (cdcsync.devstack.schema_registry).
+# the Confluent wire format through Apicurio Registry's v2 API (the dev stack runs that registry).
 # 2.6.x is the last line with the v2 REST client and `as-confluent`; it goes into the connector's own plugin
 # directory, as Debezium's container images put it.
 APICURIO_VERSION = "2.6.13.Final"
-APICURIO_CONVERTER_COORDINATES = [f"io.apicurio:apicurio-registry-utils-converter:{APICURIO_VERSION}"]
+# Its own modules are pinned to its version: Ivy reads the parent POM's dependencyManagement of this release as
+# asking for 2.6.2 of the serdes and the client (Maven takes 2.6.13), and a mix of the two must not happen.
+APICURIO_CONVERTER_COORDINATES = [
+    f"io.apicurio:{module}:{APICURIO_VERSION}"
+    for module in (
+        "apicurio-registry-utils-converter",
+        "apicurio-registry-serdes-avro-serde",
+        "apicurio-registry-serdes-jsonschema-serde",
+        "apicurio-registry-serde-common",
+        "apicurio-registry-schema-resolver",
+        "apicurio-registry-client",
+        "apicurio-registry-common",
+    )
+]
+# The registry itself, the Quarkus application with its libraries: ``java -jar <runner jar>`` on Java 17.
+APICURIO_REGISTRY_APP = Artifact(
+    "io.apicurio", "apicurio-registry-app", APICURIO_VERSION, classifier="all", ext="tar.gz", transitive=False
+)
 # What the Connect worker already provides (Connect's API, the Kafka client, slf4j, Jackson) or what only the
-# client needs: kept out of the plugin directory so the plugin sees the worker's copies. Jackson matters: with
-# a second copy in the plugin, Debezium's converters cannot call the worker's JsonConverter (JsonNode differs).
+# client needs: kept out of the converter's jars in the plugin directory so the plugin sees the worker's copies.
+# Jackson matters: with a second copy in the plugin, Debezium's converters cannot call the worker's JsonConverter
+# (JsonNode differs).
 DEBEZIUM_PLUGIN_EXCLUSIONS = [
     "org.apache.kafka:*",
     "org.slf4j:*",
@@ -77,7 +101,7 @@ def pyspark_jars_dir() -> Path:
 def shipped_exclusions(jars_dir: Path) -> set[str]:
     """``*:artifactId`` exclusions for every jar in ``jars_dir``, so the resolver prunes what is already there.
 
-    pyspark's jars/ holds bare file names (no group, version glued on with a hyphen), and artifact ids may
+    Jar directories hold bare file names (no group, version glued on with a hyphen), and artifact ids may
     contain ``-<digit>`` themselves (``spark-sql-kafka-0-10_2.13-4.2.0.jar``). Every prefix that ends before a
     ``-<digit>`` is therefore a candidate artifact id. Over-matching costs nothing in practice (no real artifact
     is named like a truncated one), and a different version of a shipped artifact is excluded on purpose: two
@@ -91,49 +115,91 @@ def shipped_exclusions(jars_dir: Path) -> set[str]:
     return exclusions
 
 
-def spark_kafka_jars(cache_dir: Path | None = None, *, resolver: MavenResolver | None = None) -> list[Path]:
-    """Jars to add to Spark for the Kafka source: the connector and its dependencies minus pyspark's own jars.
+def spark_ivy_home(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or cache_root()) / "spark-ivy"
 
-    Pruning during resolution (rather than filtering afterwards) also avoids downloading the large Hadoop
-    client jars that the connector declares but pyspark already bundles.
+
+def spark_packages_conf(cache_dir: Path | None = None) -> dict[str, str]:
+    """Spark settings that make ``spark-submit`` resolve the Kafka connector with Ivy, from the cdcsync cache.
+
+    The exclusions keep out what pyspark already bundles (the large Hadoop client jars the connector declares,
+    a second slf4j); the settings file limits Ivy to one repository, so a warm cache needs no network.
     """
-    resolver = resolver or MavenResolver(cache_dir)
-    return resolver.resolve([spark_kafka_connector_coordinate()], shipped_exclusions(pyspark_jars_dir()))
+    home = spark_ivy_home(cache_dir)
+    return {
+        "spark.jars.packages": spark_kafka_connector_coordinate(),
+        "spark.jars.ivy": str(home),
+        "spark.jars.ivySettings": str(write_settings(home)),
+        "spark.jars.excludes": ",".join(sorted(shipped_exclusions(pyspark_jars_dir()))),
+    }
 
 
-def kafka_broker_jars(cache_dir: Path | None = None, *, resolver: MavenResolver | None = None) -> list[Path]:
-    """The full classpath of a standalone KRaft broker, storage formatting tool included (it lives in core)."""
-    resolver = resolver or MavenResolver(cache_dir)
-    return resolver.resolve(KAFKA_BROKER_COORDINATES)
-
-
-def kafka_connect_jars(cache_dir: Path | None = None, *, resolver: MavenResolver | None = None) -> list[Path]:
-    """The classpath of a Kafka Connect standalone worker (REST server, JsonConverter, logging)."""
-    resolver = resolver or MavenResolver(cache_dir)
-    return resolver.resolve(KAFKA_CONNECT_COORDINATES)
-
-
-def debezium_postgres_plugin_jars(
-    cache_dir: Path | None = None, *, resolver: MavenResolver | None = None
-) -> list[Path]:
-    """The Debezium Postgres connector, Apicurio's Avro converter and their own dependencies, resolved together
-    (one version of each library): one plugin directory's worth of jars."""
-    resolver = resolver or MavenResolver(cache_dir)
-    return resolver.resolve(
-        [*DEBEZIUM_POSTGRES_COORDINATES, *APICURIO_CONVERTER_COORDINATES], DEBEZIUM_PLUGIN_EXCLUSIONS
+def spark_kafka_jars(cache_dir: Path | None = None) -> list[Path]:
+    """Resolve Spark's connector into Spark's Ivy cache ahead of time, exactly as ``spark.jars.packages`` will."""
+    return resolve(
+        [Artifact.parse(spark_kafka_connector_coordinate())],
+        sorted(shipped_exclusions(pyspark_jars_dir())),
+        home=spark_ivy_home(cache_dir),
     )
 
 
+def _ivy_home(cache_dir: Path | None) -> Path:
+    return (cache_dir or cache_root()) / "ivy"
+
+
+def kafka_broker_jars(cache_dir: Path | None = None) -> list[Path]:
+    """The full classpath of a standalone KRaft broker, storage formatting tool included (it lives in core)."""
+    return resolve([Artifact.parse(c) for c in KAFKA_BROKER_COORDINATES], home=_ivy_home(cache_dir))
+
+
+def kafka_connect_jars(cache_dir: Path | None = None) -> list[Path]:
+    """The classpath of a Kafka Connect standalone worker (REST server, JsonConverter, logging)."""
+    return resolve([Artifact.parse(c) for c in KAFKA_CONNECT_COORDINATES], home=_ivy_home(cache_dir))
+
+
+def _unpacked(artifact: Artifact, cache_dir: Path | None) -> Path:
+    (tarball,) = resolve([artifact], home=_ivy_home(cache_dir))
+    return unpacked(tarball, (cache_dir or cache_root()) / "unpacked")
+
+
+def debezium_postgres_plugin_jars(cache_dir: Path | None = None) -> list[Path]:
+    """One plugin directory's worth of jars: Debezium's official plugin tarball as it is, plus Apicurio's Avro
+    converter and those of its dependencies that neither the tarball nor the worker already has."""
+    plugin = _unpacked(DEBEZIUM_POSTGRES_PLUGIN, cache_dir) / "debezium-connector-postgres"
+    connector_jars = sorted(plugin.glob("*.jar"))
+    converter_jars = resolve(
+        [Artifact.parse(c) for c in APICURIO_CONVERTER_COORDINATES],
+        [*DEBEZIUM_PLUGIN_EXCLUSIONS, *shipped_exclusions(plugin)],
+        home=_ivy_home(cache_dir),
+    )
+    return [*connector_jars, *converter_jars]
+
+
+def apicurio_registry_runner(cache_dir: Path | None = None) -> Path:
+    """The Apicurio Registry application's runner jar, next to its ``lib/`` in the unpacked tarball."""
+    root = _unpacked(APICURIO_REGISTRY_APP, cache_dir)
+    runners = sorted(root.rglob("*-runner.jar"))
+    if not runners:
+        from cdcsync.core.errors import DependencyError
+
+        raise DependencyError(f"no *-runner.jar in {root}", hint=f"remove {root} so it is unpacked again")
+    return runners[0]
+
+
 def prefetch(*, with_debezium: bool = False) -> None:
-    """Resolve every jar cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
-    wanted = [("spark kafka connector", spark_kafka_jars), ("kafka broker", kafka_broker_jars)]
+    """Resolve every artifact cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
+    wanted = [
+        ("spark kafka connector", spark_kafka_jars),
+        ("kafka broker", kafka_broker_jars),
+        ("apicurio registry", lambda: [apicurio_registry_runner()]),
+    ]
     if with_debezium:
         wanted += [
             ("kafka connect", kafka_connect_jars),
             ("debezium postgres + apicurio converter", debezium_postgres_plugin_jars),
         ]
-    for name, resolve in wanted:
-        print(f"{name}: {len(resolve())} jar(s) cached")
+    for name, fetch in wanted:
+        print(f"{name}: {len(fetch())} file(s) cached")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The SparkSession cdcsync runs on: connector jars from our own Maven cache, UTC, quiet logs, small shuffles.
+"""The SparkSession cdcsync runs on: the Kafka connector through ``spark.jars.packages``, UTC, quiet logs, small
+shuffles.
 
-Jars are passed as local files (``spark.jars``), never resolved by Ivy at start-up, so after the first run no
-network is needed.
+Spark resolves the connector with Ivy as it starts, from an Ivy home under the cdcsync cache with a single
+repository configured (:func:`cdcsync.runtime.jars.spark_packages_conf`), so after the first run (or ``make
+jars``) no network is needed.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     except ImportError as error:  # pragma: no cover - pyspark is a hard dependency
         raise DependencyError("pyspark is not installed", hint="pip install cdcsync (it depends on pyspark)") from error
 
-    from cdcsync.runtime.jars import spark_kafka_jars
+    from cdcsync.runtime.jars import spark_kafka_jars, spark_packages_conf
 
-    jars = spark_kafka_jars()
+    # Resolves into Spark's Ivy cache unless already there (then no Java is started): a connector that cannot be
+    # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
+    spark_kafka_jars()
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
-    conf = {**DEFAULT_SPARK_CONF, **settings.spark.conf}
-    conf["spark.jars"] = ",".join(str(j) for j in jars)
+    conf = {**DEFAULT_SPARK_CONF, **spark_packages_conf(), **settings.spark.conf}
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}"
     conf["spark.driver.extraJavaOptions"] = f"{java_options} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
     for key, value in conf.items():

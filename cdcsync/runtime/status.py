@@ -1,7 +1,8 @@
 """``cdcsync status``: how far each source is, from the checkpoint and Kafka, and what each sink holds.
 
-Reads only: the checkpoint's committed offsets (no Spark needed), Kafka's end offsets, the batch ledger and
-the target tables. Safe to run while the pipeline streams.
+Reads only: the checkpoint's committed offsets (no Spark needed), Kafka's end offsets, the batch ledger, the
+target tables and who holds the pipeline's lock (the run streaming it now, if any). Safe to run while the
+pipeline streams.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
+from cdcsync.runtime.lock import LockHolder, lock_holder
 from cdcsync.sql.render import render
 
 
@@ -45,6 +47,8 @@ class PipelineStatus:
     partitions: list[PartitionStatus]
     sinks: list[SinkStatus]
     dead_letters: int
+    running: LockHolder | None = None
+    """The run holding the pipeline's lock, None when no run is streaming it."""
 
 
 def committed_offsets(checkpoint_dir: Path) -> dict[str, dict[int, int]]:
@@ -134,12 +138,13 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
             dead = conn.execute(
                 render("postgres/runtime/dead_letters_count.sql.j2"), {"pipeline": pipeline.name}
             ).fetchone()
+            running = lock_holder(conn, pipeline.name)
     except psycopg.Error as error:
         raise ServiceError(
             f"reading sink status from Postgres at {redact_dsn(settings.postgres_dsn)}: {str(error).strip()}",
             retriable=True,
         ) from None
-    return PipelineStatus(partitions, sinks, int(dead[0]) if dead else 0)
+    return PipelineStatus(partitions, sinks, int(dead[0]) if dead else 0, running)
 
 
 def _clickhouse_status(

@@ -11,19 +11,23 @@ Transient failures (see :mod:`cdcsync.db.retry`) are retried with backoff inside
 fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
 the ledgers skip what already landed.
 
+One runner per pipeline: :meth:`PipelineRunner.locked` holds the pipeline's lock (:mod:`cdcsync.runtime.lock`)
+from before Spark starts until the queries have stopped, and every batch checks it before it stages anything.
+
 Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not started refuses to start
 (raising :class:`StopRequested`, which leaves it uncommitted for the next run), then the queries are stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +40,7 @@ from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
+from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
@@ -130,6 +135,8 @@ class BatchHandler:
         self._in_batch = False
         self._idle = threading.Condition(self._lock)
         self._checkpoint_id: str | None = None
+        self.lock_guard: Callable[[], None] | None = None
+        """Called before each batch: raises when the run no longer holds the pipeline's lock."""
 
     # -- stop protocol -------------------------------------------------------------------------------------
     def request_stop(self, timeout: float | None = None) -> None:
@@ -145,6 +152,8 @@ class BatchHandler:
                 raise StopRequested()
             self._in_batch = True
         try:
+            if self.lock_guard is not None:
+                self.lock_guard()
             self._process(changes, batch_id)
         except CdcsyncError as error:
             self.failure = error.add_context(f"source '{self.source_id}', batch {batch_id}")
@@ -195,11 +204,8 @@ class BatchHandler:
         finds nothing pending), apply it, and carry on with the pipeline as a restarted ``run`` would load it. The
         batch is then landed again, new columns (or table) and all."""
         assert self.settings is not None
-        import psycopg
-
-        from cdcsync.config.pipeline import load_pipeline
-        from cdcsync.migrations import clickhouse as clickhouse_migrations
-        from cdcsync.migrations import postgres as migrations
+        from cdcsync import migrations
+        from cdcsync.config.load import load_pipeline
 
         if self.pipeline.path is None:
             raise change.add_context("schema_evolution: auto needs the pipeline's YAML file")
@@ -208,14 +214,13 @@ class BatchHandler:
         with _EVOLVE_LOCK:
             recorded = migrations.recorded_lookup(migrations_dir)
             wanted = load_pipeline(self.pipeline.path, evolved_lookup(recorded, changed_id, change.topic, schema))
-            written = [*migrations.init(wanted, migrations_dir), *clickhouse_migrations.init(wanted, migrations_dir)]
-            with psycopg.connect(self.settings.postgres_dsn, connect_timeout=10) as conn:
-                migrations.apply_pending(conn, wanted.name, migrations_dir)
-            if wanted.clickhouse_sinks():
-                from cdcsync.db.clickhouse import connect_from_settings
-
-                client = connect_from_settings(self.settings)
-                clickhouse_migrations.apply_pending(client, wanted.name, migrations_dir)
+            written = [
+                path for target in migrations.TARGETS for path in migrations.init(target, wanted, migrations_dir)
+            ]
+            for target in migrations.TARGETS:
+                if target.used_by(wanted):
+                    with target.connect(self.settings) as connection:
+                        migrations.apply_pending(target, connection, wanted.name, migrations_dir)
             # a fresh lookup: ``recorded`` cached the state before this migration
             self.pipeline = load_pipeline(self.pipeline.path, migrations.recorded_lookup(migrations_dir))
         self.source = self.pipeline.sources[self.source_id]
@@ -290,10 +295,15 @@ class BatchHandler:
 class PipelineRunner:
     """Starts one query per source and supervises them until they finish, fail or are asked to stop."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings, *, available_now: bool) -> None:
+    def __init__(
+        self, pipeline: Pipeline, settings: Settings, *, available_now: bool, wait_for_lock: bool = False
+    ) -> None:
         self.pipeline = pipeline
         self.settings = settings
         self.available_now = available_now
+        self.wait_for_lock = wait_for_lock
+        """When another run holds the pipeline's lock: wait for it (``run --wait``) instead of refusing."""
+        self.lock: PipelineLock | None = None
         self.handlers: dict[str, BatchHandler] = {}
         self.queries: dict[str, StreamingQuery] = {}
         self._stop = threading.Event()
@@ -323,17 +333,38 @@ class PipelineRunner:
             elapsed=time.monotonic() - self._started,
         )
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[PipelineLock]:
+        """Hold the pipeline's lock (refused with exit 2, or waited for); a no-op when already held. The CLI
+        takes it before starting Spark, so a second runner is turned away at once; :meth:`run` takes it anyway."""
+        if self.lock is not None:
+            yield self.lock
+            return
+        with PipelineLock(self.settings.postgres_dsn, self.pipeline.name) as lock:
+            lock.acquire(wait=self.wait_for_lock, stop=self._stop)
+            self.lock = lock
+            try:
+                yield lock
+            finally:
+                self.lock = None
+
     def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
-        for source_id, source in self.pipeline.streams().items():
-            self._start_query(spark, source_id, source)
-        try:
-            self._supervise(on_progress)
-        finally:
-            for query in self.queries.values():
-                if query.isActive:
-                    query.stop()
+        with self.locked():  # before anything touches a stage or the checkpoint
+            for source_id, source in self.pipeline.streams().items():
+                self._start_query(spark, source_id, source)
+            try:
+                self._supervise(on_progress)
+            finally:
+                for query in self.queries.values():
+                    if query.isActive:
+                        query.stop()
         self._raise_failures()
         return self.snapshot()
+
+    def _check_lock(self) -> None:
+        lock = self.lock
+        assert lock is not None, "batches run only inside locked()"
+        with_retries(lock.ensure_held, describe=f"pipeline '{self.pipeline.name}': checking its lock")
 
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
@@ -349,6 +380,7 @@ class PipelineRunner:
             schema_registry=SchemaRegistryAccess.from_settings(self.settings),
             settings=self.settings,
         )
+        handler.lock_guard = self._check_lock
         self.handlers[source_id] = handler
 
         reader = spark.readStream.format("kafka")

@@ -14,6 +14,14 @@ How a micro-batch lands (orchestrated by :mod:`cdcsync.engine.batch`, beside the
 3. :meth:`ClickHouseTableSink.merge`: the driver records the batch in the ledger. A crash between 2 and 3 replays
    the batch; step 2's tokens make that harmless.
 
+ReplacingMergeTree replaces rows only within a partition. When ``partition_by`` reads a non-key column, a delete
+(whose decoded row holds only the key under ``REPLICA IDENTITY DEFAULT``, so it computes another partition) or an
+update that changes the partition lands away from the key's older rows: ``FINAL`` still shows the newest version
+(it compares versions across partitions), but ``OPTIMIZE ... FINAL CLEANUP`` would drop the delete row alone and
+leave the older row visible again. So after each insert such a sink marks the key's live older rows in every other
+partition deleted (``templates/clickhouse/runtime/partition_markers.sql.j2``), reading their partition values from
+ClickHouse itself, which knows them whatever the replica identity.
+
 ``append_only_mode: false`` (Streamling's other mode) inserts only upserts and turns deletes into a lightweight
 ``DELETE`` of each deleted key up to the delete's version, so a newer row of the key is never removed.
 
@@ -26,12 +34,13 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdcsync import migrations
 from cdcsync.config import clickhouse_types
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.ledger import LedgeredSink
-from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -58,11 +67,14 @@ class ClickHouseWriter:
     """``<pipeline>/<sink>/<checkpoint id>/<batch id>``; the task adds the Kafka range it read."""
     delete_sql: str
     key_types: tuple[str, ...]
+    markers_sql: str
+    """Empty unless the partition depends on non-key columns (see the module docstring)."""
     batch_id: int
     sink_label: str
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from cdcsync.sinks.postgres import newest_per_key
@@ -70,31 +82,36 @@ class ClickHouseWriter:
         if table.num_rows == 0:
             return 0
         token = deduplication_token(self.token_prefix, table)  # from every row read, so it names the whole range
-        # A source TRUNCATE (op 't', a row without key) is not applied to ClickHouse tables yet; see the README.
+        # A source TRUNCATE (op 't', a row without key) is not applied to ClickHouse tables yet; see docs/clickhouse.md.
         table = table.filter(pc.not_equal(table.column("_cdc_op"), "t"))
         if table.num_rows == 0:
             return 0
         table = newest_per_key(table, self.primary_key)
         rows = to_clickhouse_arrow(table, self.columns)
+        # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
+        may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
             f"into {self.database}.{self.table}"
         )
         try:
-            client = connect(self.url, compression=self.compression)
+            # raw_query sends bound parameters (a batch's keys) in the request body with this; in the URL, as
+            # command() sends them, a large batch is refused (HTTP 414).
+            client = connect(self.url, compression=self.compression, form_encode_query_params=True)
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
             if not self.append_only:
-                return self._upsert_and_delete(client, rows, token, doing)
+                return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
+            self._mark_other_partitions(client, rows.filter(may_move))
         except Exception as error:
             raise _task_error(doing, error) from None
         finally:
             client.close()
         return rows.num_rows
 
-    def _upsert_and_delete(self, client: Any, rows: pa.Table, token: str, doing: str) -> int:
+    def _upsert_and_delete(self, client: Any, rows: pa.Table, may_move: pa.ChunkedArray, token: str) -> int:
         import pyarrow.compute as pc
 
         deleted = pc.equal(rows.column(clickhouse_types.DELETED_COLUMN), 1)
@@ -102,11 +119,25 @@ class ClickHouseWriter:
         deletes = rows.filter(deleted)
         if upserts.num_rows:
             client.insert_arrow(self.table, upserts, database=self.database, settings=_token_settings(token))
+            self._mark_other_partitions(client, rows.filter(pc.and_(pc.invert(deleted), may_move)))
         if deletes.num_rows:
             keys = list(zip(*(deletes.column(k).to_pylist() for k in self.primary_key), strict=True))
             versions = deletes.column(clickhouse_types.VERSION_COLUMN).to_pylist()
             client.command(self.delete_sql, parameters={"keys": keys, "versions": versions})
         return rows.num_rows
+
+    def _mark_other_partitions(self, client: Any, rows: pa.Table) -> None:
+        """Delete markers for the keys of ``rows`` (just inserted) in the other partitions holding older rows.
+
+        A replayed task inserts the same markers again; equal rows of a ReplacingMergeTree collapse, so that is
+        harmless.
+        """
+        if not self.markers_sql or rows.num_rows == 0:
+            return
+        keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
+        versions = rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()
+        parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
+        client.raw_query(self.markers_sql, parameters=parameters)
 
 
 def _task_error(doing: str, error: BaseException) -> ReportedFailure:
@@ -159,7 +190,7 @@ class ClickHouseTableSink(LedgeredSink):
         super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
         self.clickhouse_url = clickhouse_url
-        self.state = clickhouse_migrations.sink_state(pipeline, sink)
+        self.state = sink_state(pipeline, sink)
         self.columns = tuple(pipeline.columns_of(sink.from_))
         self.primary_key = tuple(self.state["primary_key"])
         types = {c["name"]: c["type"] for c in self.state["columns"]}
@@ -170,6 +201,17 @@ class ClickHouseTableSink(LedgeredSink):
             primary_key=self.primary_key,
             key_types=self.key_types,
         )
+        self._markers_sql = ""
+        if sink.partition_by and clickhouse_types.partition_columns(sink.partition_by, self.columns) - set(
+            self.primary_key
+        ):
+            self._markers_sql = render(
+                "clickhouse/runtime/partition_markers.sql.j2",
+                target=(sink.database, sink.table),
+                columns=self.columns,
+                primary_key=self.primary_key,
+                key_types=self.key_types,
+            )
         self._rows_staged = 0
 
     @property
@@ -203,6 +245,7 @@ class ClickHouseTableSink(LedgeredSink):
             token_prefix=f"cdcsync/{self.pipeline.name}/{self.sink_id}/{checkpoint_id}/{batch_id}",
             delete_sql=self._delete_sql,
             key_types=self.key_types,
+            markers_sql=self._markers_sql,
             batch_id=batch_id,
             sink_label=self.label,
         )
@@ -267,7 +310,7 @@ def check_table(client: Any, sink_id: str, state: dict[str, Any]) -> None:
         wanted = ", ".join(state["primary_key"])
         problems.append(f"it is ORDER BY ({', '.join(actual_key)}), the pipeline's primary key is ({wanted})")
     actual = {str(name): str(type_) for name, type_ in columns}
-    for column in clickhouse_migrations.table_columns(state):
+    for column in table_columns(state):
         if column["name"] not in actual:
             problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
         elif actual[column["name"]] != column["type"]:
@@ -288,8 +331,15 @@ def startup_check(pipeline: Pipeline, settings: Settings, *, pipeline_file: Path
         return
     client = connect_from_settings(settings)
     try:
-        clickhouse_migrations.check_ready(client, pipeline, settings.migrations_dir, pipeline_file=pipeline_file)
+        migrations.check_ready(
+            migrations.CLICKHOUSE,
+            client,
+            pipeline.name,
+            settings.migrations_dir,
+            pipeline_file=pipeline_file,
+            pipeline=pipeline,
+        )
         for sink_id, sink in sorted(sinks.items()):
-            check_table(client, sink_id, clickhouse_migrations.sink_state(pipeline, sink))
+            check_table(client, sink_id, sink_state(pipeline, sink))
     finally:
         client.close()

@@ -10,7 +10,7 @@ Types come from :func:`cdcsync.sources.debezium.connect.connect_pg_type`, the in
 merged with what the migrations recorded before (:func:`merge`): recorded columns keep their place, a column the
 schema no longer has stays (Debezium stops sending a dropped column; the mirror keeps it, NULL from then on), new
 ones go last. Only ``init`` (and ``run`` under ``schema_evolution: auto``, from the message itself) reads schemas;
-``validate`` and ``run`` use the recorded ones (:func:`cdcsync.migrations.postgres.recorded_lookup`).
+``validate`` and ``run`` use the recorded ones (:func:`cdcsync.migrations.recorded.recorded_lookup`).
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def init_lookup(settings: Settings, migrations_dir: Path | str, notes: list[str]
 
     When it cannot be read, the recorded schema (else the declared columns) is used and a note says why; a
     source with neither is a validation problem naming the reason."""
-    from cdcsync.migrations.postgres import recorded_schemas
+    from cdcsync.migrations.recorded import recorded_schemas
 
     def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
         if source.topic_pattern is not None:
@@ -255,7 +255,7 @@ def _tables(
     """Each table of a ``topic_pattern`` source: the matching topics Kafka lists now, each introspected and merged
     with what was recorded, plus recorded ones Kafka no longer lists (their mirrors stay). A listed topic whose
     schema cannot be read yet (no message) is left for a later ``init``, with a note."""
-    from cdcsync.migrations.postgres import recorded_tables
+    from cdcsync.migrations.recorded import recorded_tables
 
     assert source.topic_pattern is not None
     tables: TopicSchemas = dict(recorded_tables(recorded, source_id, source.topic_pattern))

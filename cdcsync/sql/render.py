@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,15 +92,19 @@ def quote_path(parts: Iterable[object]) -> str:
     return ".".join(quoted)
 
 
-def quote_columns(names: Iterable[object]) -> str:
-    """A list of column names, each quoted, joined with ``, ``."""
+def _quote_list(names: Iterable[object], quote: Callable[[object], str], filter_name: str) -> str:
     _require_defined(names)
     if isinstance(names, str):
-        raise TypeError("the columns filter takes a list of names, not a single string")
-    quoted = [quote_ident(name) for name in names]
+        raise TypeError(f"the {filter_name} filter takes a list of names, not a single string")
+    quoted = [quote(name) for name in names]
     if not quoted:
         raise ConfigError("an empty column list cannot be used in SQL")
     return ", ".join(quoted)
+
+
+def quote_columns(names: Iterable[object]) -> str:
+    """A list of column names, each quoted, joined with ``, ``."""
+    return _quote_list(names, quote_ident, "columns")
 
 
 def quote_literal(value: object) -> str:
@@ -162,13 +166,7 @@ def ch_quote_qualified(database: object, name: object) -> str:
 
 def ch_quote_columns(names: Iterable[object]) -> str:
     """A list of ClickHouse column names, each quoted, joined with ``, ``."""
-    _require_defined(names)
-    if isinstance(names, str):
-        raise TypeError("the ch_columns filter takes a list of names, not a single string")
-    quoted = [ch_quote_ident(name) for name in names]
-    if not quoted:
-        raise ConfigError("an empty column list cannot be used in SQL")
-    return ", ".join(quoted)
+    return _quote_list(names, ch_quote_ident, "ch_columns")
 
 
 def ch_quote_literal(value: object) -> str:

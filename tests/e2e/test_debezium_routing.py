@@ -17,7 +17,7 @@ import psycopg
 import yaml
 from psycopg import sql
 
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
 from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project
 
@@ -148,7 +148,7 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     }
     evolving.pipeline_file.write_text(yaml.safe_dump(auto))
     evolving.prepare()
-    [first] = migrations.list_migration_files(project.root / "migrations", "routed")
+    [first] = migrations.list_migration_files(project.root / "migrations", "routed", "postgres")
     text = first.read_text()
     assert 'PRIMARY KEY ("order_id", "line")' in text and '"amount" numeric(10,2)' in text
     ran = project.cdcsync("run", str(project.pipeline_file), "--available-now")
@@ -176,7 +176,7 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     assert "up to date" in evolving.cdcsync("init", str(evolving.pipeline_file)).stdout  # run wrote what init would
 
     written = project.cdcsync("init", str(project.pipeline_file))
-    added = migrations.list_migration_files(project.root / "migrations", "routed")[1:]
+    added = migrations.list_migration_files(project.root / "migrations", "routed", "postgres")[1:]
     assert [path.name for path in added] == [f"0002_add_sink_mirror_{source.name}_public_refunds.sql"], written.stdout
     assert 'PRIMARY KEY ("refund_id")' in added[0].read_text()
     project.cdcsync("migrate", str(project.pipeline_file))

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
 from tests.conftest import DebeziumSource
 from tests.e2e.conftest import Project
 
@@ -84,7 +84,7 @@ def test_a_new_source_column_stops_the_run_until_init_and_migrate(
     start_source(source)
     project = make_project(pipeline(source.topic(f"public.{TABLE}")))
     project.prepare()  # no columns declared: init reads them (and the key) from the topic
-    text = migrations.list_migration_files(project.root / "migrations", "evolve")[0].read_text()
+    text = migrations.list_migration_files(project.root / "migrations", "evolve", "postgres")[0].read_text()
     assert '"amount" numeric(10,2)' in text and 'PRIMARY KEY ("id")' in text
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_mirror_equals_source(source.dsn, postgres_dsn)
@@ -105,7 +105,7 @@ def test_a_new_source_column_stops_the_run_until_init_and_migrate(
     assert "cdcsync init" in stopped.stderr and "Traceback" not in stopped.stderr
 
     written = project.cdcsync("init", str(project.pipeline_file))
-    added = migrations.list_migration_files(project.root / "migrations", "evolve")[-1]
+    added = migrations.list_migration_files(project.root / "migrations", "evolve", "postgres")[-1]
     assert added.name == "0002_add_columns_mirror.sql", written.stdout
     assert 'ADD COLUMN IF NOT EXISTS "note" text' in added.read_text()
     assert 'ADD COLUMN IF NOT EXISTS "qty" integer' in added.read_text()
@@ -135,7 +135,7 @@ def test_schema_evolution_auto_adds_the_columns_and_carries_on(
     ran = project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert "schema_evolution auto" in ran.stderr
     assert_mirror_equals_source(source.dsn, postgres_dsn)
-    files = [path.name for path in migrations.list_migration_files(project.root / "migrations", "evolve")]
+    files = [path.name for path in migrations.list_migration_files(project.root / "migrations", "evolve", "postgres")]
     assert files[0] == "0001_init.sql" and len(files) >= 2 and all("add_columns" in f for f in files[1:])
     again = project.cdcsync("init", str(project.pipeline_file))
     assert "up to date" in again.stdout  # run recorded exactly what init would write

@@ -6,7 +6,7 @@ dev stack's registry), ``cdcsync run --available-now`` mirrors it, and the mirro
 
 The comparison is ``EXCEPT`` both ways in the source database: the mirror's rows, rendered as text by the mirror's
 Postgres, are copied into a temporary table next to the source, whose rows are rendered by the same expressions.
-The casts, and why each is needed (each is a loss on Debezium's side, documented in the README):
+The casts, and why each is needed (each is a loss on Debezium's side, documented in docs/types.md):
 
 * ``time with time zone``: compared at UTC (``AT TIME ZONE 'UTC'``): Debezium's ZonedTime sends the time converted
   to UTC, so the original offset is gone (the instant is kept).
@@ -174,7 +174,7 @@ class Workload:
         old, new = self.rng.choice(sorted(self.keys)), self.next_id
         self.next_id += 1
         # The new key's create event would carry placeholders for the large values if they stayed untouched, and
-        # the mirror has no row under the new key to keep a value from (a known gap, see the README): rewrite them.
+        # the mirror has no row under the new key to keep a value from (a known gap, see docs/types.md): rewrite them.
         conn.execute(
             sql.SQL(
                 "UPDATE {} SET id = %s, body = body || '', big_tags = big_tags || '{{}}'::text[],"

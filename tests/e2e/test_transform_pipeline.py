@@ -1,6 +1,6 @@
 """SQL transforms and dynamic lookup tables, end to end with the real ``cdcsync`` command, Kafka and Postgres.
 
-The expected targets are computed from the produced events with a small model of the semantics in the README:
+The expected targets are computed from the produced events with a small model of the semantics in docs/transforms.md:
 a change whose transform rejects it becomes a delete of its key, and ``dynamic_table_check`` sees the table as
 it was when the change was processed.
 """

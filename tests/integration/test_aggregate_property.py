@@ -18,13 +18,15 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -36,6 +38,8 @@ ARROW_SCHEMA = pa.schema(
         ("amount", pa.decimal128(12, 2)),
         ("qty", pa.int32()),
         ("price", pa.float64()),
+        ("fine", pa.decimal128(12, 4)),
+        ("raw", pa.string()),  # unconstrained numeric travels as its exact text
         ("_cdc_op", pa.string()),
         ("_cdc_version", pa.int64()),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
@@ -51,15 +55,29 @@ FIVE_AGGREGATES = {
     "min_amount": {"from": "amount", "fn": "min"},
     "max_amount": {"from": "amount", "fn": "max"},
     "max_region": {"from": "region", "fn": "max"},
+    # declared types of lower scale or another kind than the column: rounded once, never per row
+    "sum_fine": {"from": "fine", "fn": "sum", "type": "numeric(18,2)"},
+    "avg_fine": {"from": "fine", "fn": "avg", "type": "numeric(18,2)"},
+    "avg_fine_f": {"from": "fine", "fn": "avg", "type": "double precision"},
+    "min_fine": {"from": "fine", "fn": "min", "type": "numeric(18,2)"},
+    "avg_qty": {"from": "qty", "fn": "avg", "type": "numeric(10,2)"},
+    "sum_raw": {"from": "raw", "fn": "sum"},
+    "sum_raw_int": {"from": "raw", "fn": "sum", "type": "bigint"},
+    "avg_raw": {"from": "raw", "fn": "avg"},
+    "min_raw": {"from": "raw", "fn": "min"},
 }
 GROUPED_CHECK = """
     SELECT customer::numeric, region, sum(amount), count(*), count(price), avg(amount), avg(price), sum(qty),
-           min(amount), max(amount), max(region)
+           min(amount), max(amount), max(region),
+           sum(fine)::numeric(18,2), avg(fine)::numeric(18,2), avg(fine)::double precision, min(fine)::numeric(18,2),
+           avg(qty)::numeric(10,2), sum(raw), sum(raw)::bigint, avg(raw)::text, min(raw)::text
     FROM app.landing GROUP BY customer::numeric, region
 """
+"""Numeric averages compare as text: equal value *and* the result scale Postgres' own ``avg`` gives."""
 GROUPED_TABLE = """
     SELECT customer, region, revenue, orders, priced, avg_amount, avg_price, total_qty,
-           min_amount, max_amount, max_region
+           min_amount, max_amount, max_region,
+           sum_fine, avg_fine, avg_fine_f, min_fine, avg_qty, sum_raw, sum_raw_int, avg_raw::text, min_raw::text
     FROM app.by_customer
 """
 
@@ -80,6 +98,8 @@ def _pipeline() -> Pipeline:
                         "amount": "numeric(12,2)",
                         "qty": "integer",
                         "price": "double precision",
+                        "fine": "numeric(12,4)",
+                        "raw": "numeric",
                     },
                 }
             },
@@ -122,15 +142,32 @@ def prepared(
     dsn = make_conninfo(services.postgres_dsn, dbname=name)
     definition = _pipeline()
     directory = tmp_path_factory.mktemp("aggprop")
-    migrations.init(definition, directory)
+    migrations.init(POSTGRES, definition, directory)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, definition.name, Path(directory))
+        migrations.apply_pending(POSTGRES, conn, definition.name, Path(directory))
     sinks = {sink_id: PostgresUpsertSink(definition, sink_id, sink, dsn) for sink_id, sink in definition.sinks.items()}
     try:
         yield dsn, sinks
     finally:
         with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _ten_thousandths(units: int) -> Decimal:
+    return Decimal(units).scaleb(-4)
+
+
+def _values(**values: Any) -> dict[str, Any]:
+    """One row's values for an explicit example: NULL but for ``values``, in customer 1, region eu."""
+    return {
+        "customer": 1,
+        "region": "eu",
+        "amount": None,
+        "qty": None,
+        "price": None,
+        "fine": None,
+        "raw": None,
+    } | values
 
 
 row_values = st.fixed_dictionaries(
@@ -141,6 +178,17 @@ row_values = st.fixed_dictionaries(
         "qty": st.one_of(st.none(), st.integers(-3, 1000)),
         # multiples of 1/4: binary floats add them exactly, so float sums compare exactly too
         "price": st.one_of(st.none(), st.integers(-40, 40).map(lambda quarters: quarters / 4)),
+        # half-cents and thousandths: rounding each row to the declared scale would show
+        "fine": st.one_of(st.none(), st.sampled_from([-5, 5, 15, 49, 50, 51, 12345, -99999]).map(_ten_thousandths)),
+        # any scale up to 24 digits, trailing zeros kept: Postgres' avg result scale follows the largest input scale
+        "raw": st.one_of(
+            st.none(),
+            st.builds(
+                lambda digits, scale: format(Decimal(digits).scaleb(-scale), "f"),
+                st.integers(-(10**12), 10**12),
+                st.integers(0, 24),
+            ),
+        ),
     }
 )
 change_spec = st.tuples(st.integers(0, 7), st.sampled_from("cudcut"), row_values)  # t: a source TRUNCATE
@@ -175,6 +223,19 @@ def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(batches=batches_spec)
+# Two half-cents sum to one cent: rounding each row to the declared scale first would give two.
+@example(batches=[([(1, "c", _values(fine=Decimal("0.0050"))), (2, "c", _values(fine=Decimal("0.0050")))], [], False)])
+# A row of scale 24 came and went: avg(raw) of 1, 1, 2 is 1.3333333333333333, at the scale of the rows left.
+@example(
+    batches=[
+        (
+            [(key, "c", _values(raw=raw)) for key, raw in enumerate(["1", "1", "2", "0.000000000000000000000001"])],
+            [],
+            False,
+        ),
+        ([(3, "d", _values())], [], False),
+    ]
+)
 def test_aggregates_equal_a_fresh_group_by(
     prepared: tuple[str, dict[str, PostgresUpsertSink]], batches: list[Any]
 ) -> None:
@@ -197,7 +258,7 @@ def test_aggregates_equal_a_fresh_group_by(
             version += 1
             row = {"id": key, **values, "_cdc_op": op, "_cdc_version": version, "_cdc_ts": T0}
             if op in "dt":
-                row.update(customer=None, region=None, amount=None, qty=None, price=None)
+                row.update(customer=None, region=None, amount=None, qty=None, price=None, fine=None, raw=None)
             if op == "t":
                 row["id"] = None
             changes.append(row)
@@ -221,11 +282,10 @@ def test_aggregates_equal_a_fresh_group_by(
                 _land(sink, batch_id, changes)
 
     with psycopg.connect(dsn) as conn:
-        landing = conn.execute("SELECT id, customer, region, amount, qty, price FROM app.landing").fetchall()
-        model = [
-            tuple(row[c] for c in ("id", "customer", "region", "amount", "qty", "price")) for row in expected.values()
-        ]
-        assert _sorted(landing) == _sorted(model)
+        landing = conn.execute("SELECT id, customer, region, amount, qty, price, fine, raw::text FROM app.landing")
+        columns = ("id", "customer", "region", "amount", "qty", "price", "fine", "raw")
+        model = [tuple(row[c] for c in columns) for row in expected.values()]
+        assert _sorted(landing.fetchall()) == _sorted(model)
         assert _sorted(conn.execute(GROUPED_TABLE).fetchall()) == _sorted(conn.execute(GROUPED_CHECK).fetchall())
 
         overall = conn.execute("SELECT n, s, lo FROM app.overall").fetchall()

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cdcsync.devstack import clickhouse as devserver
-from cdcsync.devstack.clickhouse_server import split_insert
+from cdcsync.devstack.clickhouse_protocol import split_insert
 from cdcsync.devstack.common import DevStackConfig, port_open, process_command_line
 from tests.conftest import ClickHouseDatabase
 
@@ -290,12 +290,13 @@ def _free_port() -> int:
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackConfig]:
     """A dev server of this module's own, for what only the stand-in does (whatever services the session uses)."""
     cfg = DevStackConfig(state_dir=tmp_path_factory.mktemp("standin"), clickhouse_port=_free_port())
-    devserver.start(cfg)
+    server = devserver.ClickHouse(cfg)
+    server.start()
     try:
-        devserver.wait_ready(cfg, 60)
+        server.wait_ready(60)
         yield cfg
     finally:
-        devserver.stop(cfg)
+        server.stop()
 
 
 def test_standin_accepts_only_the_default_user(standin: DevStackConfig) -> None:
@@ -341,27 +342,28 @@ def test_data_survives_a_server_restart(tmp_path: Path) -> None:
     import clickhouse_connect
 
     cfg = DevStackConfig(state_dir=tmp_path, clickhouse_port=_free_port(), startup_timeout_s=60)
+    server = devserver.ClickHouse(cfg)
     try:
-        first = devserver.start(cfg)
-        devserver.wait_ready(cfg)
-        assert devserver.status(cfg).running
+        first = server.start()
+        server.wait_ready()
+        assert server.status().running
         client = clickhouse_connect.get_client(dsn=devserver.url(cfg))
         client.command(VERSIONED_TABLE.format(name="default.kept"))
         client.insert("default.kept", [_row(1, "a", 1), _row(2, "b", 1)], column_names=COLUMNS)
         client.close()
 
-        stopped = devserver.stop(cfg)
+        stopped = server.stop()
         assert stopped.detail == "stopped"  # a clean SIGTERM shutdown, not a kill
         assert first.pid is not None and process_command_line(first.pid) is None
         assert not port_open(cfg.clickhouse_port)
-        assert devserver.status(cfg).state == "stopped"
+        assert server.status().state == "stopped"
 
-        second = devserver.start(cfg)
-        devserver.wait_ready(cfg)
+        second = server.start()
+        server.wait_ready()
         assert second.pid != first.pid
         client = clickhouse_connect.get_client(dsn=devserver.url(cfg))
         assert client.query("SELECT id, name FROM default.kept FINAL ORDER BY id").result_rows == [(1, "a"), (2, "b")]
         client.close()
     finally:
-        devserver.stop(cfg)
+        server.stop()
     assert (devserver.data_dir(cfg) / "metadata").is_dir()

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import clickhouse as clickhouse_migrations
+from cdcsync.migrations import CLICKHOUSE, POSTGRES
+from cdcsync.migrations import clickhouse as ch_migrations
 from cdcsync.sinks.clickhouse import ClickHouseTableSink, check_table
 from tests.conftest import ClickHouseDatabase, run_env
 
@@ -42,8 +45,8 @@ def _pipeline(database: str, **sink: Any) -> Pipeline:
 
 
 def _migrate(client: Any, pipeline: Pipeline, migrations_dir: Path) -> list[str]:
-    clickhouse_migrations.init(pipeline, migrations_dir)
-    return [item.filename for item in clickhouse_migrations.apply_pending(client, pipeline.name, migrations_dir)]
+    migrations.init(CLICKHOUSE, pipeline, migrations_dir)
+    return [item.filename for item in migrations.apply_pending(CLICKHOUSE, client, pipeline.name, migrations_dir)]
 
 
 def _changes(rows: list[tuple[str, int, str, int, str | None]]) -> Any:
@@ -79,10 +82,10 @@ def test_migrate_creates_the_table_records_the_ledger_and_passes_the_check(
     client = clickhouse_database.client()
     pipeline = _pipeline(clickhouse_database.database, low_cardinality="status", settings={"index_granularity": 1024})
     assert _migrate(client, pipeline, tmp_path) == ["0001_init.sql"]
-    statuses = clickhouse_migrations.status(client, pipeline.name, tmp_path)
+    statuses = migrations.status(CLICKHOUSE, client, pipeline.name, tmp_path)
     assert [(s.filename, s.state) for s in statuses] == [("0001_init.sql", "applied")]
-    assert clickhouse_migrations.check_ready(client, pipeline, tmp_path)
-    state = clickhouse_migrations.sink_state(pipeline, pipeline.clickhouse_sinks()["orders_ch"])
+    assert migrations.check_ready(CLICKHOUSE, client, pipeline.name, tmp_path, pipeline=pipeline)
+    state = ch_migrations.sink_state(pipeline, pipeline.clickhouse_sinks()["orders_ch"])
     check_table(client, "orders_ch", state)  # the table the migration made is what the pipeline needs
     engine = client.command(
         "SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = 'orders'",
@@ -95,7 +98,7 @@ def test_migrate_creates_the_table_records_the_ledger_and_passes_the_check(
     path = tmp_path / pipeline.name / "clickhouse" / "0001_init.sql"
     path.write_text(path.read_text().replace("index_granularity = 1024", "index_granularity = 2048"))
     with pytest.raises(MigrationError, match=r"0001_init\.sql was altered"):
-        clickhouse_migrations.check_ready(client, pipeline, tmp_path)
+        migrations.check_ready(CLICKHOUSE, client, pipeline.name, tmp_path, pipeline=pipeline)
 
 
 def test_new_source_column_becomes_an_add_columns_migration(
@@ -108,13 +111,13 @@ def test_new_source_column_becomes_an_add_columns_migration(
     raw["sources"]["orders"]["columns"]["note"] = "varchar(20)"
     grown = validate_pipeline_dict(raw)
     with pytest.raises(MigrationError, match="changed since its last ClickHouse migration"):
-        clickhouse_migrations.check_ready(client, grown, tmp_path)
+        migrations.check_ready(CLICKHOUSE, client, grown.name, tmp_path, pipeline=grown)
     assert _migrate(client, grown, tmp_path) == ["0002_add_columns_orders_ch.sql"]
-    check_table(client, "orders_ch", clickhouse_migrations.sink_state(grown, grown.clickhouse_sinks()["orders_ch"]))
+    check_table(client, "orders_ch", ch_migrations.sink_state(grown, grown.clickhouse_sinks()["orders_ch"]))
 
     raw["sources"]["orders"]["columns"]["amount"] = "double precision"
     with pytest.raises(MigrationError, match="column 'amount' changed type from Nullable"):
-        clickhouse_migrations.plan(validate_pipeline_dict(raw), tmp_path)
+        migrations.plan(CLICKHOUSE, validate_pipeline_dict(raw), tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -184,14 +187,13 @@ def test_run_refuses_a_pending_clickhouse_migration_naming_the_file(
     import psycopg
 
     from cdcsync.config.settings import load_settings
-    from cdcsync.migrations import postgres as migrations
     from cdcsync.sinks.clickhouse import startup_check
 
     pipeline = _pipeline(clickhouse_database.database)
-    migrations.init(pipeline, tmp_path)
-    clickhouse_migrations.init(pipeline, tmp_path)
+    migrations.init(POSTGRES, pipeline, tmp_path)
+    migrations.init(CLICKHOUSE, pipeline, tmp_path)
     with psycopg.connect(postgres_dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, tmp_path)  # Postgres done, ClickHouse not
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, tmp_path)  # Postgres done, ClickHouse not
     settings = load_settings(migrations_dir=tmp_path)
     settings.clickhouse.url = type(settings.clickhouse.url)(clickhouse_database.url)  # type: ignore[misc,union-attr]
     with pytest.raises(MigrationError) as refused:
@@ -227,6 +229,61 @@ def test_writer_inserts_versions_and_deletes_and_a_repeated_task_adds_nothing(
     truncate = _changes([("b", 2, "c", 30, "new"), (None, None, "t", 31, None)])  # type: ignore[list-item]
     assert sink.stage_writer(2, "ckpt").stage(truncate) == 1
     assert client.command("SELECT count() FROM orders") == 5
+
+
+@pytest.mark.parametrize("append_only", [True, False], ids=["append-only", "lightweight-deletes"])
+def test_partition_by_a_non_key_column_never_resurrects_a_deleted_or_moved_row(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str, append_only: bool
+) -> None:
+    """Deletes carry NULL in the partition column (REPLICA IDENTITY DEFAULT) and updates move rows between
+    partitions; FINAL CLEANUP merges each partition alone, so every partition must end with the key's newest."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(
+        clickhouse_database.database,
+        partition_by="ifNull(status, 'none')",
+        append_only_mode=append_only,
+        settings={"allow_experimental_replacing_merge_with_cleanup": 1},
+    )
+    _migrate(client, pipeline, tmp_path)
+    if append_only:  # (a lightweight DELETE waits for merges, so it would wait forever)
+        client.command("SYSTEM STOP MERGES orders")  # every version stays in its own part until OPTIMIZE
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    batches = [
+        [("a", 1, "c", 10, "new"), ("a", 2, "c", 11, "new"), ("a", 3, "c", 12, "new"), ("a", 4, "c", 13, "new")],
+        [("a", 1, "u", 20, "paid"), ("a", 2, "d", 21, None), ("a", 3, "u", 22, "paid")],  # moves, a NULL delete
+        [("a", 3, "d", 30, None), ("a", 4, "u", 31, "shipped"), ("a", 4, "u", 32, "new")],  # moved there and back
+    ]
+    for batch_id, changes in enumerate(batches):
+        sink.stage_writer(batch_id, "ckpt").stage(_changes(changes))
+    sink.stage_writer(1, "ckpt").stage(_changes(batches[1]))  # a replayed task: its markers again, harmless
+    expected = [("a", 1, "paid", 20), ("a", 4, "new", 32)]
+    assert _current(client, clickhouse_database.database) == expected
+
+    client.command("SYSTEM START MERGES orders")
+    client.command("OPTIMIZE TABLE orders FINAL CLEANUP")
+    assert _current(client, clickhouse_database.database) == expected
+    # Every partition kept only the key's newest row there, and CLEANUP removed deleted ones: one row per key left.
+    raw = client.query("SELECT tenant, id, status, _version FROM orders ORDER BY tenant, id").result_rows
+    assert raw == expected
+
+
+def test_partition_markers_of_a_large_batch(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """20,000 moved keys: their parameters travel in the request body (in the URL, HTTP 414 refused them)."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database, partition_by="ifNull(status, 'none')")
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    keys = range(20_000)
+    sink.stage_writer(0, "c").stage(_changes([("tenant-with-a-longer-name", k, "c", 10, "new") for k in keys]))
+    sink.stage_writer(1, "c").stage(_changes([("tenant-with-a-longer-name", k, "u", 20, "paid") for k in keys]))
+    markers = "SELECT count() FROM orders WHERE status = 'new' AND _is_deleted AND _version = 19"
+    assert client.command(markers) == 20_000
 
 
 def test_append_only_mode_false_deletes_keys_up_to_the_delete_version(

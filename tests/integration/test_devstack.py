@@ -127,6 +127,20 @@ def test_clickhouse_answers_over_http(cfg: DevStackConfig, first_up: dict[str, i
     client.close()
 
 
+def test_schema_registry_is_apicurio_with_both_apis(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
+    import json
+    import urllib.request
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    url = f"http://127.0.0.1:{cfg.schema_registry_port}/apis/ccompat/v7"
+    schema = {"type": "record", "name": "Kept", "fields": [{"name": "x", "type": "int"}]}
+    schema_id = SchemaRegistryClient({"url": url}).register_schema("kept-value", Schema(json.dumps(schema), "AVRO"))
+    v2 = f"http://127.0.0.1:{cfg.schema_registry_port}/apis/registry/v2/ids/contentIds/{schema_id}"
+    with urllib.request.urlopen(v2, timeout=10) as answer:
+        assert json.loads(answer.read()) == schema
+
+
 def test_up_is_idempotent(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
     again = up(cfg)
     assert {name: s.pid for name, s in again.items()} == first_up
@@ -141,6 +155,8 @@ def test_env_lines(cfg: DevStackConfig) -> None:
     assert f"export CDCSYNC__POSTGRES__DSN=postgresql://cdcsync@127.0.0.1:{cfg.postgres_port}/cdcsync" in lines
     assert f"export CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:{cfg.kafka_port}" in lines
     assert f"export CDCSYNC__CLICKHOUSE__URL=http://default@127.0.0.1:{cfg.clickhouse_port}" in lines
+    registry = f"http://127.0.0.1:{cfg.schema_registry_port}/apis/ccompat/v7"
+    assert f"export CDCSYNC__SCHEMA_REGISTRY__URL={registry}" in lines
 
 
 def test_down_stops_what_it_started(cfg: DevStackConfig, first_up: dict[str, int]) -> None:
@@ -154,8 +170,10 @@ def test_down_stops_what_it_started(cfg: DevStackConfig, first_up: dict[str, int
     assert not port_open(cfg.postgres_port)
     assert not port_open(cfg.kafka_port)
     assert not port_open(cfg.clickhouse_port)
+    assert not port_open(cfg.schema_registry_port)
     assert {s.state for s in status(cfg).values()} == {"stopped"}
     # Nothing left to stop: a second down is a no-op, not an error.
     assert all(s.state == "stopped" for s in down(cfg).values())
     assert Path(cfg.root / "postgres" / "data" / "PG_VERSION").is_file()
     assert any((cfg.root / "clickhouse" / "data" / "metadata" / "default").glob("kept*"))
+    assert (cfg.root / "schema-registry" / "data" / "registry.mv.db").is_file()

@@ -10,8 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.migrations import POSTGRES
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
 pytestmark = pytest.mark.integration
@@ -53,9 +55,9 @@ def _pipeline(backend: str = "postgres") -> Pipeline:
 @pytest.fixture()
 def table(postgres_dsn: str, tmp_path: Path) -> DynamicTable:
     pipeline = _pipeline()
-    migrations.init(pipeline, tmp_path)
+    migrations.init(POSTGRES, pipeline, tmp_path)
     with psycopg.connect(postgres_dsn) as conn:
-        migrations.apply_pending(conn, pipeline.name, tmp_path)
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, tmp_path)
     return DynamicTable(pipeline, pipeline.plan.dynamic_tables["Seen Users"], postgres_dsn)
 
 

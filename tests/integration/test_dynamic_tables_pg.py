@@ -12,8 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.migrations import POSTGRES
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +65,8 @@ def test_dynamic_table_is_created_and_counts_every_statement(
     conn: psycopg.Connection[Any], postgres_dsn: str, tmp_path: Path
 ) -> None:
     raw = raw_pipeline(vip=VIP, memo={"backend_type": "in_memory"})
-    migrations.init(pipeline(raw), tmp_path)
-    assert [s.filename for s in migrations.apply_pending(conn, "shop", tmp_path)] == ["0001_init.sql"]
+    migrations.init(POSTGRES, pipeline(raw), tmp_path)
+    assert [s.filename for s in migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)] == ["0001_init.sql"]
 
     columns = conn.execute(
         "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
@@ -124,13 +126,15 @@ def test_dynamic_table_is_created_and_counts_every_statement(
 
 
 def test_a_dynamic_table_added_later_gets_its_own_migration(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    migrations.init(pipeline(raw_pipeline()), tmp_path)
-    migrations.apply_pending(conn, "shop", tmp_path)
+    migrations.init(POSTGRES, pipeline(raw_pipeline()), tmp_path)
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     raw = raw_pipeline(seen={"sql": "SELECT customer_id FROM orders"})
-    (written,) = migrations.init(pipeline(raw), tmp_path).written
+    (written,) = migrations.init(POSTGRES, pipeline(raw), tmp_path).written
     assert written.filename == "0002_add_dynamic_table_seen.sql"
-    assert [s.filename for s in migrations.apply_pending(conn, "shop", tmp_path)] == ["0002_add_dynamic_table_seen.sql"]
-    migrations.check_ready(conn, "shop", tmp_path, pipeline=pipeline(raw))
+    assert [s.filename for s in migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)] == [
+        "0002_add_dynamic_table_seen.sql"
+    ]
+    migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
     assert counter(conn, "public", "seen") == 0
     conn.execute("INSERT INTO public.seen (customer_id) VALUES (10)")
     conn.commit()

@@ -1,5 +1,5 @@
 """``cdcsync init`` reads source columns from real services: the newest JsonConverter messages of a real Kafka
-topic, and the latest schema of a subject in the (stand-in) schema registry. ``validate`` then works offline
+topic, and the latest schema of a subject in the (dev stack's Apicurio) schema registry. ``validate`` then works offline
 from what ``init`` recorded, and ``migrate`` creates exactly the typed columns."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cdcsync import migrations
 from cdcsync.cli import app
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
-from cdcsync.migrations import postgres as migrations
-from tests.integration.test_schema_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
+from tests.integration.test_apicurio_registry import KEY_SCHEMA, ROW_FIELDS, client, envelope
 
 
 def pipeline(topic: str, **source: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def test_init_types_the_columns_from_the_newest_json_messages(
     project.write_text(yaml.safe_dump(pipeline(topic_name, columns={"status": "varchar(20)"})))
     code, out, err = invoke("init", str(project))
     assert code == 0, err
-    [first] = migrations.list_migration_files(project.parent / "migrations", "intro")
+    [first] = migrations.list_migration_files(project.parent / "migrations", "intro", "postgres")
     state = migrations.read_migration(first).state
     assert state is not None
     assert state["sources"]["orders"] == {
@@ -115,7 +115,7 @@ def test_init_types_the_columns_from_the_registry(project: Path, topic_name: str
     project.write_text(yaml.safe_dump(pipeline(topic_name, format="avro")))
     code, _, err = invoke("init", str(project))
     assert code == 0, err
-    text = migrations.list_migration_files(project.parent / "migrations", "intro")[0].read_text()
+    text = migrations.list_migration_files(project.parent / "migrations", "intro", "postgres")[0].read_text()
     for column in ('"id" bigint', '"amount" numeric(12,2)', '"day" date', '"at" timestamp without time zone'):
         assert column in text
     assert 'PRIMARY KEY ("id")' in text
@@ -125,7 +125,7 @@ def test_init_types_the_columns_from_the_registry(project: Path, topic_name: str
     registry.register_schema(f"{topic_name}-value", _avro(envelope(grown)))
     code, _, err = invoke("init", str(project))
     assert code == 0, err
-    second = migrations.list_migration_files(project.parent / "migrations", "intro")[-1]
+    second = migrations.list_migration_files(project.parent / "migrations", "intro", "postgres")[-1]
     assert second.name == "0002_add_columns_mirror.sql"
     assert 'ADD COLUMN IF NOT EXISTS "qty" smallint' in second.read_text()
 

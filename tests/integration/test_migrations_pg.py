@@ -10,9 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +68,10 @@ def states(statuses: list[migrations.MigrationStatus]) -> list[tuple[str, str]]:
 
 
 def test_fresh_database_has_everything_pending(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    migrations.init(pipeline(weird_raw()), tmp_path)
-    assert states(migrations.status(conn, "shop", tmp_path)) == [("0001_init.sql", "pending")]
+    migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path)
+    assert states(migrations.status(POSTGRES, conn, "shop", tmp_path)) == [("0001_init.sql", "pending")]
     with pytest.raises(MigrationError) as caught:
-        migrations.check_ready(conn, "shop", tmp_path, pipeline_file="shop.yaml")
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline_file="shop.yaml")
     path = str(tmp_path / "shop" / "postgres" / "0001_init.sql")
     assert path in str(caught.value)
     assert caught.value.hint is not None
@@ -78,14 +80,14 @@ def test_fresh_database_has_everything_pending(conn: psycopg.Connection[Any], tm
 
 def test_no_migrations_at_all(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     with pytest.raises(MigrationError) as caught:
-        migrations.check_ready(conn, "shop", tmp_path)
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path)
     assert "has no migrations" in str(caught.value)
     assert caught.value.hint is not None and "cdcsync init" in caught.value.hint
 
 
 def test_apply_creates_the_quoted_tables(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    migrations.init(pipeline(weird_raw()), tmp_path)
-    applied = migrations.apply_pending(conn, "shop", tmp_path)
+    migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path)
+    applied = migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     assert states(applied) == [("0001_init.sql", "applied")]
     assert applied[0].applied_at is not None
 
@@ -133,92 +135,92 @@ def test_apply_creates_the_quoted_tables(conn: psycopg.Connection[Any], tmp_path
     assert pk is not None and pk[0] == ["order", 'we"ird']
     conn.commit()
 
-    assert states(migrations.status(conn, "shop", tmp_path)) == [("0001_init.sql", "applied")]
-    assert states(migrations.check_ready(conn, "shop", tmp_path, pipeline=pipeline(weird_raw()))) == [
+    assert states(migrations.status(POSTGRES, conn, "shop", tmp_path)) == [("0001_init.sql", "applied")]
+    assert states(migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(weird_raw()))) == [
         ("0001_init.sql", "applied")
     ]
-    assert migrations.apply_pending(conn, "shop", tmp_path) == [], "nothing left to apply"
+    assert migrations.apply_pending(POSTGRES, conn, "shop", tmp_path) == [], "nothing left to apply"
 
 
 def test_second_init_after_adding_a_sink(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     raw = weird_raw()
-    migrations.init(pipeline(raw), tmp_path)
-    migrations.apply_pending(conn, "shop", tmp_path)
+    migrations.init(POSTGRES, pipeline(raw), tmp_path)
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
 
     raw["sinks"]["copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "Copy"}
     with pytest.raises(MigrationError, match="changed since its last migration"):
-        migrations.check_ready(conn, "shop", tmp_path, pipeline=pipeline(raw))
-    written = migrations.init(pipeline(raw), tmp_path).written
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
+    written = migrations.init(POSTGRES, pipeline(raw), tmp_path).written
     assert [m.filename for m in written] == ["0002_add_sink_copy.sql"]
-    assert states(migrations.status(conn, "shop", tmp_path)) == [
+    assert states(migrations.status(POSTGRES, conn, "shop", tmp_path)) == [
         ("0001_init.sql", "applied"),
         ("0002_add_sink_copy.sql", "pending"),
     ]
     with pytest.raises(MigrationError) as caught:
-        migrations.check_ready(conn, "shop", tmp_path, pipeline=pipeline(raw))
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
     assert str(written[0].path) in str(caught.value) and "not been applied" in str(caught.value)
 
-    assert states(migrations.apply_pending(conn, "shop", tmp_path)) == [("0002_add_sink_copy.sql", "applied")]
+    assert states(migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)) == [("0002_add_sink_copy.sql", "applied")]
     assert columns_of(conn, "app", "Copy")
-    migrations.check_ready(conn, "shop", tmp_path, pipeline=pipeline(raw))
+    migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
 
 
 def test_added_column_migrates_mirror_and_stage(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     raw = weird_raw()
-    migrations.init(pipeline(raw), tmp_path)
-    migrations.apply_pending(conn, "shop", tmp_path)
+    migrations.init(POSTGRES, pipeline(raw), tmp_path)
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     raw["sources"]["orders"]["columns"]["Added Col"] = "timestamptz"
-    written = migrations.init(pipeline(raw), tmp_path).written
+    written = migrations.init(POSTGRES, pipeline(raw), tmp_path).written
     # one file per sink, sorted by sink id ('Soft One' < 'mirror')
     assert [m.filename for m in written] == ["0002_add_columns_soft_one.sql", "0003_add_columns_mirror.sql"]
-    assert len(migrations.apply_pending(conn, "shop", tmp_path)) == 2
+    assert len(migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)) == 2
     assert ("Added Col", "timestamp with time zone", "YES") in columns_of(conn, "User Table", 'we"ird')
     assert "Added Col" in [c[0] for c in columns_of(conn, "cdcsync", "shop__Soft One__stage")]
 
 
 def test_altered_applied_file_is_reported(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    migrations.init(pipeline(weird_raw()), tmp_path)
-    migrations.apply_pending(conn, "shop", tmp_path)
+    migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path)
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     path = tmp_path / "shop" / "postgres" / "0001_init.sql"
     path.write_text(path.read_text().replace('"select" numeric(12,2)', '"select" numeric(14,2)', 1))
 
-    (item,) = migrations.status(conn, "shop", tmp_path)
+    (item,) = migrations.status(POSTGRES, conn, "shop", tmp_path)
     assert item.state == "altered" and item.applied_checksum != item.checksum
     with pytest.raises(MigrationError) as caught:
-        migrations.check_ready(conn, "shop", tmp_path)
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path)
     assert str(path) in str(caught.value) and "altered" in str(caught.value)
     assert caught.value.user_error
     with pytest.raises(MigrationError, match="altered"):
-        migrations.apply_pending(conn, "shop", tmp_path)
+        migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
 
 
 def test_file_applied_with_psql_records_itself(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    (planned,) = migrations.init(pipeline(weird_raw()), tmp_path).written
+    (planned,) = migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path).written
     with conn.transaction():  # what `psql --single-transaction -f FILE` does
         conn.execute(planned.path.read_text())
-    assert states(migrations.status(conn, "shop", tmp_path)) == [("0001_init.sql", "applied")]
-    migrations.check_ready(conn, "shop", tmp_path)
+    assert states(migrations.status(POSTGRES, conn, "shop", tmp_path)) == [("0001_init.sql", "applied")]
+    migrations.check_ready(POSTGRES, conn, "shop", tmp_path)
 
 
 def test_failing_migration_rolls_back_and_names_the_file(conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    migrations.init(pipeline(weird_raw()), tmp_path)
+    migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path)
     broken = tmp_path / "shop" / "postgres" / "0002_broken.sql"
     broken.write_text("CREATE TABLE public.half_done (id int);\nCREATE TABLE oops (;\n")
     with pytest.raises(MigrationError) as caught:
-        migrations.apply_pending(conn, "shop", tmp_path)
+        migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     assert str(broken) in str(caught.value) and "42601" in str(caught.value)
-    assert states(migrations.status(conn, "shop", tmp_path)) == [
+    assert states(migrations.status(POSTGRES, conn, "shop", tmp_path)) == [
         ("0001_init.sql", "applied"),
         ("0002_broken.sql", "pending"),
     ]
     assert columns_of(conn, "public", "half_done") == [], "the failed file's transaction was rolled back"
     broken.write_text("CREATE TABLE public.half_done (id int);\n")
-    assert states(migrations.apply_pending(conn, "shop", tmp_path)) == [("0002_broken.sql", "applied")]
-    migrations.check_ready(conn, "shop", tmp_path)
+    assert states(migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)) == [("0002_broken.sql", "applied")]
+    migrations.check_ready(POSTGRES, conn, "shop", tmp_path)
 
 
 def test_autocommit_connection_works_too(postgres_dsn: str, tmp_path: Path) -> None:
-    migrations.init(pipeline(weird_raw()), tmp_path)
+    migrations.init(POSTGRES, pipeline(weird_raw()), tmp_path)
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        assert len(migrations.apply_pending(conn, "shop", tmp_path)) == 1
-        migrations.check_ready(conn, "shop", tmp_path)
+        assert len(migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)) == 1
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path)

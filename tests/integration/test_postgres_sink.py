@@ -12,8 +12,10 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
-from cdcsync.migrations import postgres as migrations
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -58,9 +60,9 @@ def pipeline(delete_mode: str, on_truncate: str = "apply") -> Pipeline:
 
 def make_sink(delete_mode: str, dsn: str, migrations_dir: Path, on_truncate: str = "apply") -> PostgresUpsertSink:
     definition = pipeline(delete_mode, on_truncate)
-    migrations.init(definition, migrations_dir)
+    migrations.init(POSTGRES, definition, migrations_dir)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, definition.name, migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, definition.name, migrations_dir)
     return PostgresUpsertSink(definition, "m", definition.sinks["m"], dsn)
 
 
@@ -266,9 +268,9 @@ def typed_sink(dsn: str, migrations_dir: Path) -> PostgresUpsertSink:
             "sinks": {"m": {"type": "postgres", "from": "s", "schema": "app", "table": "typed"}},
         }
     )
-    migrations.init(definition, migrations_dir)
+    migrations.init(POSTGRES, definition, migrations_dir)
     with psycopg.connect(dsn) as conn:
-        migrations.apply_pending(conn, definition.name, migrations_dir)
+        migrations.apply_pending(POSTGRES, conn, definition.name, migrations_dir)
     return PostgresUpsertSink(definition, "m", definition.sinks["m"], dsn)
 
 

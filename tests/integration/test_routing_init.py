@@ -14,9 +14,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cdcsync import migrations
 from cdcsync.cli import app
 from cdcsync.devstack.workload import ensure_topic
-from cdcsync.migrations import postgres as migrations
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +117,7 @@ def test_init_renders_a_table_per_matching_topic_and_later_only_the_new_one(
 
     code, out, err = invoke("init", str(path))
     assert code == 0, err
-    [first] = migrations.list_migration_files(path.parent / "migrations", "routes")
+    [first] = migrations.list_migration_files(path.parent / "migrations", "routes", "postgres")
     state = migrations.read_migration(first).state
     assert state is not None
     assert set(state["sinks"]) == {f"mirror[{prefix}.public.lines]", f"mirror[{prefix}.public.orders]"}
@@ -131,7 +131,7 @@ def test_init_renders_a_table_per_matching_topic_and_later_only_the_new_one(
     assert primary_keys(postgres_dsn, schema) == {"public_lines": ["order_id", "line"], "public_orders": ["id"]}
 
     # status reports each table's topic and sink
-    from cdcsync.config.pipeline import load_pipeline
+    from cdcsync.config.load import load_pipeline
     from cdcsync.config.settings import load_settings
     from cdcsync.runtime.status import pipeline_status
 
@@ -158,7 +158,7 @@ def test_init_renders_a_table_per_matching_topic_and_later_only_the_new_one(
     )
     code, out, err = invoke("init", str(path))
     assert code == 0, err
-    files = migrations.list_migration_files(path.parent / "migrations", "routes")
+    files = migrations.list_migration_files(path.parent / "migrations", "routes", "postgres")
     assert [f.name for f in files][1:] == [f"0002_add_sink_mirror_{prefix}_public_refunds.sql"]
     body = migrations.read_migration(files[1]).body
     assert f'"{schema}"."public_refunds"' in body and "public_orders" not in body and "public_lines" not in body

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.config.plan import batch_keys_view, input_view, prior_keys_view
 from cdcsync.sources.debezium.envelope import CDC_COLUMNS
 

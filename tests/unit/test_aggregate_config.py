@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 import cdcsync
-from cdcsync.config.pipeline import validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
+from tests.legacy_aggregates import legacy_layout
 from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 
@@ -65,7 +67,7 @@ def changed(path: str, value: Any) -> dict[str, Any]:
 
 
 def test_resolved_types_follow_postgres_own_aggregates() -> None:
-    state = migrations.desired_state(validate_pipeline_dict(VALID))["sinks"]["revenue"]
+    state = POSTGRES.desired_state(validate_pipeline_dict(VALID))["sinks"]["revenue"]
     assert (state["table"], state["delete_mode"], state["tombstone_table"]) == (
         "orders_state",
         "hard",
@@ -92,7 +94,7 @@ def test_resolved_types_follow_postgres_own_aggregates() -> None:
 
 def test_global_aggregation_and_shorthands() -> None:
     doc = changed("sinks.revenue.group_by", ...)
-    state = migrations.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]
+    state = POSTGRES.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]
     assert state["group_by"] == []
     as_list = validate_pipeline_dict(changed("sinks.revenue.group_by", ["customer_id", "region"]))
     assert list(as_list.sinks["revenue"].group_by) == ["customer_id", "region"]  # type: ignore[union-attr]
@@ -177,18 +179,80 @@ def test_tables_of_two_sinks_may_not_collide() -> None:
 
 
 def test_changing_an_aggregation_is_refused_as_destructive(tmp_path: Path) -> None:
-    migrations.init(validate_pipeline_dict(VALID), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
     doc = changed("sinks.revenue.aggregate.orders.fn", "sum")
     doc["sinks"]["revenue"]["aggregate"]["orders"]["from"] = "qty"
     with pytest.raises(MigrationError) as caught:
-        migrations.init(validate_pipeline_dict(doc), tmp_path)
+        migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
     assert "sink 'revenue': its aggregation (aggregates) changed" in str(caught.value)
 
 
 def test_aggregate_migration_golden(tmp_path: Path) -> None:
-    (planned,) = migrations.plan(validate_pipeline_dict(VALID), tmp_path)
+    (planned,) = migrations.plan(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
     text = planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
     check_golden("0001_init_aggregate.sql", text)
     assert text.count("CREATE OR REPLACE TRIGGER") == 3
     assert 'UNIQUE NULLS NOT DISTINCT ("customer_id", "region")' in text
     assert 'ON "app"."orders_state" ((("customer_id")::bigint), "region", "amount")' in text  # the min/max index
+
+
+def test_declared_types_never_round_the_running_state() -> None:
+    doc = copy.deepcopy(VALID)
+    doc["sources"]["orders"]["columns"] |= {"fine": "numeric(12,4)", "raw": "numeric"}
+    doc["sinks"]["revenue"]["aggregate"] |= {
+        "fine_total": {"from": "fine", "fn": "sum", "type": "numeric(18,2)"},  # lower scale than the column
+        "fine_avg_f": {"from": "fine", "fn": "avg", "type": "double precision"},
+        "raw_int": {"from": "raw", "fn": "sum", "type": "bigint"},
+        "raw_avg": {"from": "raw", "fn": "avg"},
+        "raw_total": {"from": "raw", "fn": "sum"},
+        "units_num": {"from": "qty", "fn": "sum", "type": "numeric(20,2)"},  # integers: nothing to round
+        "price_real": {"from": "price", "fn": "sum", "type": "real"},
+        "price_num": {"from": "price", "fn": "sum", "type": "numeric(12,2)"},
+    }
+    entries = {
+        a["name"]: a
+        for a in POSTGRES.desired_state(validate_pipeline_dict(doc))["sinks"]["revenue"]["aggregate"]["aggregates"]
+    }
+    accumulators = {name: entries[name]["accumulator_type"] for name in doc["sinks"]["revenue"]["aggregate"]}
+    assert accumulators == {
+        "revenue": "numeric(18,2)",  # numeric(12,2) adds up exactly in numeric(18,2): no hidden column
+        "orders": None,
+        "units": "bigint",
+        "avg_amount": "numeric",
+        "avg_price": "double precision",
+        "smallest": None,
+        "amount": None,
+        "fine_total": "numeric",
+        "fine_avg_f": "numeric",
+        "raw_int": "numeric",
+        "raw_avg": "numeric",
+        "raw_total": "numeric",
+        "units_num": "numeric(20,2)",
+        "price_real": "double precision",  # summed in double precision, as Postgres' sum(double precision)
+        "price_num": "double precision",
+    }
+    assert {name for name, entry in entries.items() if "scale_index" in entry} == {"raw_avg"}
+    assert entries["raw_avg"]["scale_index"] == "revenue_by_customer__raw__scale"
+
+
+def test_a_running_state_upgrade_is_an_additive_migration(tmp_path: Path) -> None:
+    doc = copy.deepcopy(VALID)
+    doc["sources"]["orders"]["columns"] |= {"fine": "numeric(12,4)", "raw": "numeric"}
+    doc["sinks"]["revenue"]["aggregate"] |= {
+        "fine_total": {"from": "fine", "fn": "sum", "type": "numeric(18,2)"},
+        "fine_avg_f": {"from": "fine", "fn": "avg", "type": "double precision"},
+        "raw_avg": {"from": "raw", "fn": "avg"},
+    }
+    with legacy_layout():
+        migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
+    directory = tmp_path / "shop" / "postgres"
+    first = (directory / "0001_init.sql").read_text()
+    migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)
+    assert (directory / "0001_init.sql").read_text() == first  # never rewritten
+    upgrade = directory / "0002_upgrade_aggregate_revenue.sql"
+    text = upgrade.read_text().replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
+    check_golden("upgrade_aggregate.sql", text)
+    assert '"fine_total", "fine_avg_f", "raw_avg"' in text  # named in the header
+    assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]
+    migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)  # up to date now: nothing more
+    assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]

@@ -1,7 +1,7 @@
 """Avro decoding (Confluent wire format): messages built here with fastavro, writer schemas from a fake registry.
 
 The fake stands in for ``SchemaRegistryClient`` only (``get_schema``), so the module's own fetch, retry,
-classification and caching code runs; the real HTTP path is in ``tests/integration/test_schema_registry.py``.
+classification and caching code runs; the real HTTP path is in ``tests/integration/test_apicurio_registry.py``.
 """
 
 from __future__ import annotations
@@ -821,7 +821,7 @@ def test_settings_build_the_access(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv("CDCSYNC__SCHEMA_REGISTRY__URL", raising=False)
     default = SchemaRegistryAccess.from_settings(load_settings())
-    assert default.url == "http://127.0.0.1:18081" and default.basic_auth_user_info is None
+    assert default.url == "http://127.0.0.1:18081/apis/ccompat/v7" and default.basic_auth_user_info is None
     monkeypatch.setenv("CDCSYNC__SCHEMA_REGISTRY__URL", "https://sr.example")
     monkeypatch.setenv("CDCSYNC__SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO", "u:p")
     monkeypatch.setenv("CDCSYNC__SCHEMA_REGISTRY__OPTIONS__SSL_CA_LOCATION", "/ca.pem")
@@ -837,4 +837,4 @@ def test_settings_build_the_access(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     monkeypatch.delenv("CDCSYNC__SCHEMA_REGISTRY__URL")
     monkeypatch.setenv("CDCSYNC__DEVSTACK__SCHEMA_REGISTRY_PORT", "28081")
-    assert load_settings().schema_registry_url == "http://127.0.0.1:28081"
+    assert load_settings().schema_registry_url == "http://127.0.0.1:28081/apis/ccompat/v7"

@@ -13,12 +13,14 @@ import sqlglot
 from sqlglot import exp
 
 import cdcsync
+from cdcsync import migrations
 from cdcsync.config import clickhouse_types
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import ConfigError, MigrationError
-from cdcsync.migrations import clickhouse as clickhouse_migrations
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import CLICKHOUSE, POSTGRES
+from cdcsync.migrations import clickhouse as ch_migrations
 from cdcsync.sinks.clickhouse import deduplication_token, to_clickhouse_arrow
 from cdcsync.sql.render import ch_quote_ident, ch_quote_literal, render
 from tests.unit.test_templates import check_golden
@@ -164,8 +166,8 @@ def test_table_golden() -> None:
         ttl="day + INTERVAL 1 YEAR",
         settings={"index_granularity": 4096},
     )
-    state = clickhouse_migrations.desired_state(p)["sinks"]["orders_ch"]
-    sql = render("clickhouse/table.sql.j2", sink={**state, "columns": clickhouse_migrations.table_columns(state)})
+    state = CLICKHOUSE.desired_state(p)["sinks"]["orders_ch"]
+    sql = render("clickhouse/table.sql.j2", sink={**state, "columns": ch_migrations.table_columns(state)})
     check_golden("clickhouse_table.sql", sql)
     assert "ENGINE = ReplacingMergeTree(`_version`, `_is_deleted`)" in sql
     assert "ORDER BY (`id`)" in sql and "PARTITION BY toYYYYMM(day)" in sql and "TTL day + INTERVAL 1 YEAR" in sql
@@ -176,8 +178,8 @@ def test_table_golden() -> None:
 
 
 def test_legacy_table_golden() -> None:
-    state = clickhouse_migrations.desired_state(pipeline(legacy_server=True))["sinks"]["orders_ch"]
-    sql = render("clickhouse/table.sql.j2", sink={**state, "columns": clickhouse_migrations.table_columns(state)})
+    state = CLICKHOUSE.desired_state(pipeline(legacy_server=True))["sinks"]["orders_ch"]
+    sql = render("clickhouse/table.sql.j2", sink={**state, "columns": ch_migrations.table_columns(state)})
     check_golden("clickhouse_table_legacy.sql", sql)
     assert "ENGINE = ReplacingMergeTree(`_version`)\n" in sql
     assert "CREATE VIEW IF NOT EXISTS `analytics`.`orders_current` AS" in sql
@@ -186,41 +188,41 @@ def test_legacy_table_golden() -> None:
 
 def test_init_renders_clickhouse_files_only_for_clickhouse_sinks(tmp_path: Path) -> None:
     p = pipeline()
-    (planned,) = clickhouse_migrations.plan(p, tmp_path)
+    (planned,) = migrations.plan(CLICKHOUSE, p, tmp_path)
     text = planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
     check_golden("clickhouse_0001_init.sql", text)
     assert planned.path == tmp_path / "shop" / "clickhouse" / "0001_init.sql"
     parsed = migrations.parse_migration(planned.text)
     assert parsed.state == planned.state and parsed.declared_checksum == parsed.checksum
-    assert [s.split("\n")[0] for s in clickhouse_migrations.split_statements(parsed.body)] == [
+    assert [s.split("\n")[0] for s in ch_migrations.split_statements(parsed.body)] == [
         "CREATE DATABASE IF NOT EXISTS `cdcsync`",
         "CREATE TABLE IF NOT EXISTS `cdcsync`.`schema_migrations` (",
         "CREATE DATABASE IF NOT EXISTS `analytics`",
         "CREATE TABLE IF NOT EXISTS `analytics`.`orders` (",
     ]
     # The Postgres side still gets its internal schema, but no table for the ClickHouse sink.
-    (pg_planned,) = migrations.plan(p, tmp_path)
+    (pg_planned,) = migrations.plan(POSTGRES, p, tmp_path)
     assert '"orders"' not in pg_planned.text and "orders_ch" not in pg_planned.text
 
     raw = raw_pipeline()
     del raw["sinks"]["orders_ch"]
     raw["sinks"]["pg"] = {"type": "postgres", "from": "orders", "table": "orders"}
-    assert clickhouse_migrations.plan(validate_pipeline_dict(raw), tmp_path) == []
+    assert migrations.plan(CLICKHOUSE, validate_pipeline_dict(raw), tmp_path) == []
 
 
 def test_init_writes_only_the_next_file_and_refuses_destructive_changes(tmp_path: Path) -> None:
-    clickhouse_migrations.init(pipeline(), tmp_path)
-    assert clickhouse_migrations.plan(pipeline(), tmp_path) == []
+    migrations.init(CLICKHOUSE, pipeline(), tmp_path)
+    assert migrations.plan(CLICKHOUSE, pipeline(), tmp_path) == []
     raw = raw_pipeline()
     raw["sources"]["orders"]["columns"]["extra"] = "integer"
     raw["sinks"]["more"] = {"type": "clickhouse", "from": "orders", "table": "more"}
-    names = [m.filename for m in clickhouse_migrations.init(validate_pipeline_dict(raw), tmp_path).written]
+    names = [m.filename for m in migrations.init(CLICKHOUSE, validate_pipeline_dict(raw), tmp_path).written]
     assert names == ["0002_add_sink_more.sql", "0003_add_columns_orders_ch.sql"]
     added = (tmp_path / "shop" / "clickhouse" / names[1]).read_text()
     assert "ADD COLUMN IF NOT EXISTS `extra` Nullable(Int32) AFTER `Note \\`x\\``;" in added
 
     with pytest.raises(MigrationError) as refused:
-        clickhouse_migrations.plan(pipeline(primary_key=["id", "region"]), tmp_path)
+        migrations.plan(CLICKHOUSE, pipeline(primary_key=["id", "region"]), tmp_path)
     assert "sink 'orders_ch': primary_key changed from ['id'] to ['id', 'region']" in str(refused.value)
     assert "sink 'more' was removed or renamed" in str(refused.value)
 
@@ -275,3 +277,31 @@ def test_retriable_errors_are_told_apart_by_code_not_text() -> None:
     error = wrap_clickhouse_error(DatabaseError("Unknown table", code=60), "sink 'x': inserting batch 3 into a.b")
     assert (error.retriable, error.user_error) == (False, False)
     assert str(error) == "sink 'x': inserting batch 3 into a.b: Unknown table"
+
+
+@pytest.mark.parametrize(
+    ("partition_by", "markers"),
+    [
+        (None, False),
+        ("intHash32(id) % 8", False),  # key columns only: a change always lands in its key's partition
+        ("toYYYYMM(at)", True),
+        ("ifNull(region, 'id')", True),  # a literal naming a column is not a read of it
+        ("`Note ``x``` != ''", True),  # ClickHouse escapes quotes by doubling them
+        ("`Note \\`x\\`` != ''", True),  # or with a backslash
+        ("'`id`' || `region`", True),
+        ("'it''s toYYYYMM(at)' || toString(id)", False),
+        ("`it's` = toYYYYMM(at)", True),
+    ],
+)
+def test_partition_markers_only_when_the_partition_reads_non_key_columns(
+    partition_by: str | None, markers: bool
+) -> None:
+    from cdcsync.sinks.clickhouse import ClickHouseTableSink
+
+    piped = pipeline(partition_by=partition_by)
+    sink = ClickHouseTableSink(piped, "orders_ch", piped.clickhouse_sinks()["orders_ch"], "postgresql://", "http://x")
+    writer = sink.stage_writer(0, "c")
+    assert bool(writer.markers_sql) is markers
+    if markers:
+        assert writer.markers_sql.startswith("INSERT INTO `analytics`.`orders` (`id`, `region`")
+        assert "s.`_partition_id` != n.`_partition_id`" in writer.markers_sql

@@ -58,7 +58,7 @@ def test_avro_connector_config_writes_the_confluent_wire_format_through_apicurio
         publication_name="p",
         port=1,
         value_format="avro",
-        schema_registry_url="http://127.0.0.1:18081/",
+        schema_registry_url="http://127.0.0.1:18081/apis/ccompat/v7/",
         overrides={"decimal.handling.mode": "string"},
     )
     for side in ("key", "value"):

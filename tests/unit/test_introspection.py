@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from cdcsync.config.pipeline import KafkaSource, SourceSchema, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import KafkaSource, SourceSchema
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import ConfigError, SchemaChangeError
 from cdcsync.core.reports import Kind, Report, ReportedFailure, find_report
 from cdcsync.engine.batch import StageTask
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 from cdcsync.sources import introspect
 from cdcsync.sources.debezium.avro_schema import collect_names, connect_schema, envelope_row_fields
 from cdcsync.sources.debezium.connect import connect_pg_type
@@ -315,7 +317,7 @@ def test_a_column_without_a_type_must_be_declared() -> None:
 
 def test_init_records_the_schema_and_validate_reads_it_back(tmp_path: Path) -> None:
     pipeline = validate_pipeline_dict(raw_pipeline(columns={"mood": "varchar(5)"}), schema_for=lambda *_: SCHEMA)
-    [first] = migrations.init(pipeline, tmp_path).written
+    [first] = migrations.init(POSTGRES, pipeline, tmp_path).written
     assert first.state["sources"] == {
         "orders": {
             "topic": "shop.public.orders",
@@ -328,7 +330,7 @@ def test_init_records_the_schema_and_validate_reads_it_back(tmp_path: Path) -> N
         raw_pipeline(columns={"mood": "varchar(5)"}), schema_for=migrations.recorded_lookup(tmp_path)
     )
     assert again.sources == pipeline.sources
-    assert migrations.plan(again, tmp_path) == []
+    assert migrations.plan(POSTGRES, again, tmp_path) == []
     moved = raw_pipeline()
     moved["sources"]["orders"]["topic"] = "other.topic"
     with pytest.raises(ConfigError, match=r"no migration in .*shop/postgres records them"):
@@ -336,9 +338,11 @@ def test_init_records_the_schema_and_validate_reads_it_back(tmp_path: Path) -> N
 
 
 def test_a_new_column_in_the_schema_writes_the_next_migration(tmp_path: Path) -> None:
-    migrations.init(validate_pipeline_dict(raw_pipeline(), schema_for=lambda *_: SCHEMA), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(raw_pipeline(), schema_for=lambda *_: SCHEMA), tmp_path)
     grown = SourceSchema((*SCHEMA.columns, ("note", "json")), ("id",))
-    [second] = migrations.init(validate_pipeline_dict(raw_pipeline(), schema_for=lambda *_: grown), tmp_path).written
+    [second] = migrations.init(
+        POSTGRES, validate_pipeline_dict(raw_pipeline(), schema_for=lambda *_: grown), tmp_path
+    ).written
     assert second.filename == "0002_add_columns_mirror.sql"
     assert 'ADD COLUMN IF NOT EXISTS "note" json' in second.text
     assert second.state["sources"]["orders"]["columns"][-1] == {"name": "note", "type": "json"}
@@ -349,9 +353,9 @@ def test_a_new_column_in_the_schema_writes_the_next_migration(tmp_path: Path) ->
 def test_a_schema_change_without_a_postgres_table_is_still_recorded(tmp_path: Path) -> None:
     raw = raw_pipeline()
     raw["sinks"] = {"ch": {"type": "clickhouse", "from": "orders", "table": "orders"}}
-    migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: SCHEMA), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(raw, schema_for=lambda *_: SCHEMA), tmp_path)
     grown = SourceSchema((*SCHEMA.columns, ("note", "json")), ("id",))
-    [second] = migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: grown), tmp_path).written
+    [second] = migrations.init(POSTGRES, validate_pipeline_dict(raw, schema_for=lambda *_: grown), tmp_path).written
     assert second.filename == "0002_record_source_schemas.sql"
     assert migrations.parse_migration(second.text).body.strip().startswith("-- nothing to change in Postgres")
 
@@ -359,17 +363,17 @@ def test_a_schema_change_without_a_postgres_table_is_still_recorded(tmp_path: Pa
 def test_a_schema_that_adds_nothing_to_the_declaration_is_not_recorded(tmp_path: Path) -> None:
     declared = {"id": "bigint", "amount": "numeric(14,2)", "mood": "text"}
     raw = raw_pipeline(columns=declared, primary_key="id")
-    [first] = migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: SCHEMA), tmp_path).written
+    [first] = migrations.init(POSTGRES, validate_pipeline_dict(raw, schema_for=lambda *_: SCHEMA), tmp_path).written
     assert "sources" not in first.state
     assert [c["type"] for c in first.state["sinks"]["mirror"]["columns"]] == ["bigint", "numeric(14,2)", "text"]
     grown = SourceSchema((*SCHEMA.columns, ("note", "json")), ("id",))
-    [second] = migrations.init(validate_pipeline_dict(raw, schema_for=lambda *_: grown), tmp_path).written
+    [second] = migrations.init(POSTGRES, validate_pipeline_dict(raw, schema_for=lambda *_: grown), tmp_path).written
     assert second.state["sources"]["orders"]["columns"][-1] == {"name": "note", "type": "json"}
 
 
 def test_declared_only_sources_keep_the_state_they_always_had(tmp_path: Path) -> None:
     [first] = migrations.init(
-        validate_pipeline_dict(raw_pipeline(columns={"id": "bigint"}, primary_key="id")), tmp_path
+        POSTGRES, validate_pipeline_dict(raw_pipeline(columns={"id": "bigint"}, primary_key="id")), tmp_path
     ).written
     assert "sources" not in first.state
 

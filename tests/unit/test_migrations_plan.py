@@ -12,9 +12,11 @@ import pytest
 from sqlglot import exp as sqlglot_exp
 
 import cdcsync
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import MigrationError
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +54,7 @@ def files_dir(migrations_dir: Path) -> Path:
 
 
 def test_first_init_writes_0001_init(migrations_dir: Path) -> None:
-    result = migrations.init(pipeline(base_raw()), migrations_dir)
+    result = migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     assert [m.filename for m in result.written] == ["0001_init.sql"]
     assert result.directory == files_dir(migrations_dir)
     assert list(snapshot(files_dir(migrations_dir))) == ["0001_init.sql"]
@@ -61,9 +63,9 @@ def test_first_init_writes_0001_init(migrations_dir: Path) -> None:
 
 
 def test_init_twice_is_a_no_op(migrations_dir: Path) -> None:
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     before = snapshot(files_dir(migrations_dir))
-    again = migrations.init(pipeline(base_raw()), migrations_dir)
+    again = migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     assert again.up_to_date and again.written == [] and not again
     assert "nothing written" in again.summary()
     assert snapshot(files_dir(migrations_dir)) == before
@@ -71,10 +73,10 @@ def test_init_twice_is_a_no_op(migrations_dir: Path) -> None:
 
 def test_adding_a_sink_writes_only_0002(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     first = snapshot(files_dir(migrations_dir))
     raw["sinks"]["orders_copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "orders_copy"}
-    result = migrations.init(pipeline(raw), migrations_dir)
+    result = migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert [m.filename for m in result.written] == ["0002_add_sink_orders_copy.sql"]
     after = snapshot(files_dir(migrations_dir))
     assert list(after) == ["0001_init.sql", "0002_add_sink_orders_copy.sql"]
@@ -83,7 +85,7 @@ def test_adding_a_sink_writes_only_0002(migrations_dir: Path) -> None:
     assert 'CREATE TABLE IF NOT EXISTS "app"."orders_copy"' in body
     assert 'CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_copy__stage"' in body
     assert '"app"."orders" (' not in body and "schema_migrations" not in body, "only the new sink's objects"
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
 
 
 def test_adding_a_column_writes_add_columns_for_each_sink_of_the_source(migrations_dir: Path) -> None:
@@ -95,9 +97,9 @@ def test_adding_a_column_writes_add_columns_for_each_sink_of_the_source(migratio
         "table": "orders_soft",
         "delete_mode": "soft",
     }
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     raw["sources"]["orders"]["columns"]["note"] = "varchar(40)"
-    result = migrations.init(pipeline(raw), migrations_dir)
+    result = migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert [m.filename for m in result.written] == [
         "0002_add_columns_orders_mirror.sql",
         "0003_add_columns_orders_soft.sql",
@@ -107,26 +109,26 @@ def test_adding_a_column_writes_add_columns_for_each_sink_of_the_source(migratio
     assert 'ALTER TABLE "cdcsync"."shop__orders_mirror__stage"\n    ADD COLUMN IF NOT EXISTS "note"' in text
     assert "-- adds:" in text
     # the cumulative state after the last file knows the new column: nothing more to do
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
     columns = result.written[-1].state["sinks"]["orders_mirror"]["columns"]
     assert [c["name"] for c in columns] == ["id", "customer_id", "amount", "note"]
 
 
 def test_a_sink_and_a_column_at_once(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     raw["sources"]["orders"]["columns"]["note"] = "text"
     raw["sinks"]["b_copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "b_copy"}
-    result = migrations.init(pipeline(raw), migrations_dir)
+    result = migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert [m.filename for m in result.written] == ["0002_add_sink_b_copy.sql", "0003_add_columns_orders_mirror.sql"]
     assert '"note" text' in result.written[0].text, "a new sink is created with all current columns"
 
 
 def test_reordered_columns_and_type_aliases_are_no_change(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     raw["sources"]["orders"]["columns"] = {"amount": "decimal(12, 2)", "id": "int8", "customer_id": "BIGINT"}
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
 
 
 def _change_type(raw: dict[str, Any]) -> None:
@@ -166,11 +168,11 @@ def _change_table(raw: dict[str, Any]) -> None:
 )
 def test_destructive_changes_are_refused(migrations_dir: Path, change: Any, expected: str) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     before = snapshot(files_dir(migrations_dir))
     change(raw)
     with pytest.raises(MigrationError) as caught:
-        migrations.init(pipeline(raw), migrations_dir)
+        migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert expected in str(caught.value)
     assert caught.value.user_error
     assert caught.value.hint is not None and "by hand" in caught.value.hint
@@ -180,62 +182,62 @@ def test_destructive_changes_are_refused(migrations_dir: Path, change: Any, expe
 
 def test_destructive_and_additive_together_writes_nothing(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     _drop_column(raw)
     raw["sinks"]["orders_copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "orders_copy"}
     with pytest.raises(MigrationError):
-        migrations.init(pipeline(raw), migrations_dir)
+        migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert list(snapshot(files_dir(migrations_dir))) == ["0001_init.sql"]
 
 
 def test_hand_written_migration_with_state_line_is_the_new_baseline(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     _drop_column(raw)
     with pytest.raises(MigrationError) as caught:
-        migrations.init(pipeline(raw), migrations_dir)
+        migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     assert caught.value.hint is not None
     state_line = next(line for line in caught.value.hint.splitlines() if line.startswith("-- cdcsync-state: "))
     hand_written = files_dir(migrations_dir) / "0002_drop_amount.sql"
     hand_written.write_text(f"-- dropped by our DBA\n{state_line}\n\nALTER TABLE app.orders DROP COLUMN amount;\n")
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
     raw["sinks"]["orders_copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "orders_copy"}
-    assert [m.filename for m in migrations.init(pipeline(raw), migrations_dir).written] == [
+    assert [m.filename for m in migrations.init(POSTGRES, pipeline(raw), migrations_dir).written] == [
         "0003_add_sink_orders_copy.sql"
     ]
 
 
 def test_hand_written_migration_without_state_line_is_numbered_around(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     (files_dir(migrations_dir) / "0002_index.sql").write_text("CREATE INDEX ON app.orders (customer_id);\n")
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
     raw["sinks"]["orders_copy"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "orders_copy"}
-    written = migrations.init(pipeline(raw), migrations_dir).written
+    written = migrations.init(POSTGRES, pipeline(raw), migrations_dir).written
     assert [m.filename for m in written] == ["0003_add_sink_orders_copy.sql"]
 
 
 def test_corrupt_state_line_is_reported(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     path = files_dir(migrations_dir) / "0001_init.sql"
     path.write_text(path.read_text().replace('"format":1', '"format":1,', 1))
     with pytest.raises(MigrationError, match=r"0001_init\.sql"):
-        migrations.init(pipeline(raw), migrations_dir)
+        migrations.init(POSTGRES, pipeline(raw), migrations_dir)
 
 
 def test_duplicate_numbers_are_refused(migrations_dir: Path) -> None:
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     (files_dir(migrations_dir) / "0001_other.sql").write_text("SELECT 1;\n")
     with pytest.raises(MigrationError, match="same number 0001"):
-        migrations.list_migration_files(migrations_dir, "shop")
+        migrations.list_migration_files(migrations_dir, "shop", "postgres")
 
 
 def test_other_files_are_ignored(migrations_dir: Path) -> None:
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     (files_dir(migrations_dir) / "README.md").write_text("notes\n")
     (files_dir(migrations_dir) / "0001_init.sql.orig").write_text("old\n")
-    assert [p.name for p in migrations.list_migration_files(migrations_dir, "shop")] == ["0001_init.sql"]
+    assert [p.name for p in migrations.list_migration_files(migrations_dir, "shop", "postgres")] == ["0001_init.sql"]
 
 
 # ---- determinism and file format -----------------------------------------------------------------------------------
@@ -244,18 +246,20 @@ def test_other_files_are_ignored(migrations_dir: Path) -> None:
 def test_files_are_byte_stable(tmp_path: Path) -> None:
     raw = base_raw()
     raw["sinks"]["a_soft"] = {"type": "postgres", "from": "orders", "schema": "x", "table": "y", "delete_mode": "soft"}
-    first = migrations.init(pipeline(raw), tmp_path / "one")
+    first = migrations.init(POSTGRES, pipeline(raw), tmp_path / "one")
     # Same pipeline, sinks declared in the other order: same bytes.
     reordered = dict(raw, sinks=dict(reversed(list(raw["sinks"].items()))))
-    second = migrations.init(pipeline(reordered), tmp_path / "two")
+    second = migrations.init(POSTGRES, pipeline(reordered), tmp_path / "two")
     assert snapshot(first.directory) == snapshot(second.directory)
-    assert [m.text for m in migrations.plan(pipeline(raw), tmp_path / "three")] == [m.text for m in first.written]
+    assert [m.text for m in migrations.plan(POSTGRES, pipeline(raw), tmp_path / "three")] == [
+        m.text for m in first.written
+    ]
     # Re-rendering the file from its own parts gives the same bytes.
     planned = first.written[0]
     parsed = migrations.parse_migration(planned.text)
     assert parsed.state == planned.state
     rerendered = migrations.render_migration_file(
-        planned.filename, "shop", planned.what, parsed.body.strip("\n") + "\n", planned.state
+        POSTGRES, planned.filename, "shop", planned.what, parsed.body.strip("\n") + "\n", planned.state
     )
     assert rerendered == planned.text
     without_checksums = re.sub(r"sha256:[0-9a-f]+", "", planned.text)  # "sha256:52..." is not a time
@@ -263,13 +267,13 @@ def test_files_are_byte_stable(tmp_path: Path) -> None:
 
 
 def test_header_checksum_and_state(migrations_dir: Path) -> None:
-    (planned,) = migrations.init(pipeline(base_raw()), migrations_dir).written
+    (planned,) = migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir).written
     text = planned.path.read_text()
     parsed = migrations.parse_migration(text)
     assert parsed.declared_checksum == parsed.checksum
     assert parsed.checksum.startswith("sha256:") and len(parsed.checksum) == len("sha256:") + 64
     assert parsed.records_itself
-    assert parsed.state == migrations.desired_state(pipeline(base_raw()))
+    assert parsed.state == POSTGRES.desired_state(pipeline(base_raw()))
     header_lines = parsed.header.splitlines()
     assert header_lines[0] == "-- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)"
     assert any(line.startswith("-- generator: cdcsync ") for line in header_lines)
@@ -286,7 +290,7 @@ def test_header_checksum_and_state(migrations_dir: Path) -> None:
 def test_desired_state_is_json_able() -> None:
     raw = base_raw()
     raw["sinks"]["soft"] = {"type": "postgres", "from": "orders", "schema": "s", "table": "t", "delete_mode": "soft"}
-    state = migrations.desired_state(pipeline(raw))
+    state = POSTGRES.desired_state(pipeline(raw))
     assert json.loads(json.dumps(state)) == state
     assert list(state["sinks"]) == ["orders_mirror", "soft"]
     mirror = state["sinks"]["orders_mirror"]
@@ -308,16 +312,16 @@ def test_desired_state_is_json_able() -> None:
 
 def test_filenames_are_slugged(migrations_dir: Path) -> None:
     raw = base_raw()
-    migrations.init(pipeline(raw), migrations_dir)
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
     raw["sinks"]["Orders Copy/ü"] = {"type": "postgres", "from": "orders", "schema": "app", "table": "c"}
-    (written,) = migrations.init(pipeline(raw), migrations_dir).written
+    (written,) = migrations.init(POSTGRES, pipeline(raw), migrations_dir).written
     assert written.filename == "0002_add_sink_orders_copy.sql"
 
 
 def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: Path) -> None:
     """Files written before the ``truncations`` table existed (internal tables version 1) are upgraded by a
     migration of their own; the mirrors are left alone."""
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     first = files_dir(migrations_dir) / "0001_init.sql"
     old_text = first.read_text()
     state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
@@ -325,12 +329,12 @@ def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: 
     del old_state["internal_version"]
     first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
 
-    result = migrations.init(pipeline(base_raw()), migrations_dir)
+    result = migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     assert [m.filename for m in result.written] == ["0002_upgrade_internal_tables.sql"]
     text = result.written[0].text
     assert 'CREATE TABLE IF NOT EXISTS "cdcsync"."truncations"' in text
     assert '"app"."orders"' not in text
-    assert migrations.init(pipeline(base_raw()), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir).up_to_date
 
 
 # ---- dynamic tables ------------------------------------------------------------------------------------------
@@ -354,7 +358,7 @@ def test_dynamic_table_migration_golden(tmp_path: Path) -> None:
         seen={"sql": "SELECT customer_id AS customer FROM orders"},
         scratch={"backend_type": "in-memory", "sql": "SELECT id FROM orders"},
     )
-    (planned,) = migrations.plan(pipeline(raw), tmp_path)
+    (planned,) = migrations.plan(POSTGRES, pipeline(raw), tmp_path)
     check_golden(
         "0001_init_dynamic_tables.sql", planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
     )
@@ -375,18 +379,18 @@ def test_dynamic_table_migration_golden(tmp_path: Path) -> None:
 
 
 def test_adding_a_dynamic_table_writes_only_its_migration(migrations_dir: Path) -> None:
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     raw = with_dynamic_tables(base_raw(), vip={"key_type": "bigint"})
-    (written,) = migrations.init(pipeline(raw), migrations_dir).written
+    (written,) = migrations.init(POSTGRES, pipeline(raw), migrations_dir).written
     assert written.filename == "0002_add_dynamic_table_vip.sql"
     assert 'CREATE TABLE IF NOT EXISTS "public"."vip"' in written.text and '"app"."orders"' not in written.text
     assert 'CREATE TABLE IF NOT EXISTS "cdcsync"' not in written.text, (
         "the counter table itself comes with the internal tables"
     )
-    assert migrations.init(pipeline(raw), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
     # An in_memory table needs nothing in Postgres.
     memory = with_dynamic_tables(raw, vip={"key_type": "bigint"}, memo={"backend_type": "in_memory"})
-    assert migrations.init(pipeline(memory), migrations_dir).up_to_date
+    assert migrations.init(POSTGRES, pipeline(memory), migrations_dir).up_to_date
 
 
 @pytest.mark.parametrize(
@@ -399,9 +403,9 @@ def test_adding_a_dynamic_table_writes_only_its_migration(migrations_dir: Path) 
     ],
 )
 def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict[str, Any], expected: str) -> None:
-    migrations.init(pipeline(with_dynamic_tables(base_raw(), vip={"key_type": "bigint"})), migrations_dir)
+    migrations.init(POSTGRES, pipeline(with_dynamic_tables(base_raw(), vip={"key_type": "bigint"})), migrations_dir)
     with pytest.raises(MigrationError) as caught:
-        migrations.init(pipeline(with_dynamic_tables(base_raw(), vip=table)), migrations_dir)
+        migrations.init(POSTGRES, pipeline(with_dynamic_tables(base_raw(), vip=table)), migrations_dir)
     assert expected in str(caught.value)
     assert len(list(files_dir(migrations_dir).iterdir())) == 1
 
@@ -413,7 +417,7 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
 def test_internal_upgrade_creates_what_the_old_version_lacks(
     migrations_dir: Path, old_version: int | None, creates: list[str]
 ) -> None:
-    migrations.init(pipeline(base_raw()), migrations_dir)
+    migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir)
     first = files_dir(migrations_dir) / "0001_init.sql"
     old_text = first.read_text()
     state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
@@ -424,6 +428,8 @@ def test_internal_upgrade_creates_what_the_old_version_lacks(
         old_state["internal_version"] = old_version
     first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
 
-    (written,) = migrations.init(pipeline(with_dynamic_tables(base_raw(), vip={})), migrations_dir).written[:1]
+    (written,) = migrations.init(POSTGRES, pipeline(with_dynamic_tables(base_raw(), vip={})), migrations_dir).written[
+        :1
+    ]
     created = re.findall(r'CREATE TABLE IF NOT EXISTS "cdcsync"\."(\w+)"', written.text)
     assert written.filename == "0002_upgrade_internal_tables.sql" and created == creates

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cdcsync.config.pipeline import load_pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import load_pipeline, validate_pipeline_dict
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
 from cdcsync.core.errors import ConfigError, exit_code_for
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 
 pytestmark = pytest.mark.unit
 
@@ -218,7 +219,9 @@ def test_bundled_example_is_valid() -> None:
     assert set(pipeline.sinks) == {"orders_mirror", "orders_audit", "revenue"}
     assert yaml.safe_load(example.read_text())["name"] == pipeline.name
     migrations_dir = example.parents[1] / "migrations"
-    assert migrations.plan(pipeline, migrations_dir) == [], "run `cdcsync init examples/shop.yaml` and commit the file"
+    assert migrations.plan(POSTGRES, pipeline, migrations_dir) == [], (
+        "run `cdcsync init examples/shop.yaml` and commit the file"
+    )
 
 
 @pytest.mark.parametrize(

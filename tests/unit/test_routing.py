@@ -13,12 +13,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from cdcsync import migrations
 from cdcsync.config import routing
-from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema
 from cdcsync.core.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
 from cdcsync.core.reports import Kind, Report
 from cdcsync.engine.batch import RoutedStageTask, raise_reported
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import CLICKHOUSE, POSTGRES
 from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
 from tests.unit.test_debezium_decode import change, dumps, kafka_batch
@@ -114,13 +116,12 @@ def test_each_known_topic_is_a_table_with_its_own_columns_key_and_sink() -> None
 
 def test_clickhouse_sinks_route_too() -> None:
     from cdcsync.config.pipeline import RoutedClickHouseSink
-    from cdcsync.migrations import clickhouse as clickhouse_migrations
 
     doc = changed("sinks.mirror", {"type": "clickhouse", "from": "cdc", "database": "{schema}", "table": "{table}"})
     pipeline = validate_pipeline_dict(doc, schema_for=tables(orders=ORDERS, lines=LINES))
     lines = pipeline.sinks["mirror[shop.public.lines]"]
     assert isinstance(lines, RoutedClickHouseSink) and (lines.database, lines.table) == ("public", "lines")
-    state = clickhouse_migrations.desired_state(pipeline)["sinks"]
+    state = CLICKHOUSE.desired_state(pipeline)["sinks"]
     assert state["mirror[shop.public.lines]"]["primary_key"] == ["order_id", "line"]
     assert [c["name"] for c in state["mirror[shop.public.orders]"]["columns"]] == ["id", "amount"]
 
@@ -129,7 +130,7 @@ def test_desired_state_has_a_table_per_topic_with_bounded_internal_names() -> No
     doc = changed("sinks.mirror.table", "{table}")
     doc["name"] = "p" * 40
     pipeline = validate_pipeline_dict(doc, schema_for=tables(orders=ORDERS, lines=LINES))
-    state = migrations.desired_state(pipeline)
+    state = POSTGRES.desired_state(pipeline)
     lines = state["sinks"]["mirror[shop.public.lines]"]
     assert (lines["table"], lines["primary_key"]) == ("lines", ["order_id", "line"])
     assert all(len(name.encode()) <= 63 for name in (lines["stage_table"], lines["tombstone_table"]))
@@ -138,7 +139,7 @@ def test_desired_state_has_a_table_per_topic_with_bounded_internal_names() -> No
 
 
 def test_recorded_tables_are_what_validate_and_run_see(tmp_path: Path) -> None:
-    written = migrations.init(validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
+    written = migrations.init(POSTGRES, validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
     assert [path.name for path in written] == ["0001_init.sql"]
     text = next(iter(written)).read_text()
     assert 'CREATE TABLE IF NOT EXISTS "app"."public_orders"' in text
@@ -150,13 +151,13 @@ def test_recorded_tables_are_what_validate_and_run_see(tmp_path: Path) -> None:
     narrowed = validate_pipeline_dict(narrower, schema_for=migrations.recorded_lookup(tmp_path))
     assert narrowed.routes == {"cdc": {}}
     with pytest.raises(MigrationError, match=r"sink 'mirror\[shop\.public\.orders\]' was removed or renamed"):
-        migrations.init(narrowed, tmp_path)  # dropping its table is a DBA's decision
+        migrations.init(POSTGRES, narrowed, tmp_path)  # dropping its table is a DBA's decision
 
 
 def test_a_new_topic_adds_only_its_table_in_the_next_migration(tmp_path: Path) -> None:
-    migrations.init(validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
     grown = validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS, lines=LINES))
-    [added] = list(migrations.init(grown, tmp_path))
+    [added] = list(migrations.init(POSTGRES, grown, tmp_path))
     text = added.read_text()
     assert added.name.startswith("0002_add_sink_mirror")
     assert '"app"."public_lines"' in text and 'PRIMARY KEY ("order_id", "line")' in text
@@ -308,12 +309,12 @@ def test_a_topic_init_did_not_know_stops_the_batch_naming_it() -> None:
 def test_schema_evolution_auto_adds_a_new_table_to_the_recorded_ones(tmp_path: Path) -> None:
     from cdcsync.runtime.stream import evolved_lookup
 
-    migrations.init(validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
+    migrations.init(POSTGRES, validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
     recorded = migrations.recorded_lookup(tmp_path)
     lookup = evolved_lookup(recorded, "cdc[shop.public.lines]", "shop.public.lines", LINES)
     grown = validate_pipeline_dict(PATTERN, schema_for=lookup)
     assert list(grown.routes["cdc"]) == ["shop.public.lines", "shop.public.orders"]
-    [added] = list(migrations.init(grown, tmp_path))  # exactly what init would write for the new table
+    [added] = list(migrations.init(POSTGRES, grown, tmp_path))  # exactly what init would write for the new table
     assert added.name == "0002_add_sink_mirror_shop_public_lines.sql"
     # A new column of a known table replaces that table's schema only.
     wider = SourceSchema((*ORDERS.columns, ("note", "text")), ("id",))

@@ -19,10 +19,12 @@ import sqlglot
 from sqlglot import exp
 
 import cdcsync
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync import migrations
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
 from cdcsync.core import names
 from cdcsync.core.errors import ConfigError
-from cdcsync.migrations import postgres as migrations
+from cdcsync.migrations import POSTGRES
 from cdcsync.sql.render import (
     comment_text,
     quote_columns,
@@ -101,7 +103,7 @@ def weird_pipeline() -> Pipeline:
 
 
 def sink_values(pipeline: Pipeline, sink_id: str) -> dict[str, Any]:
-    state = migrations.desired_state(pipeline)
+    state = POSTGRES.desired_state(pipeline)
     return {
         "pipeline": pipeline.name,
         "sink_id": sink_id,
@@ -172,7 +174,7 @@ def test_add_columns_golden() -> None:
 
 
 def test_init_migration_file_golden(tmp_path: Path) -> None:
-    (planned,) = migrations.plan(small_pipeline(), tmp_path)
+    (planned,) = migrations.plan(POSTGRES, small_pipeline(), tmp_path)
     assert planned.filename == "0001_init.sql"
     # The generator version is normalised so that a release does not churn the golden file.
     text = planned.text.replace(f"cdcsync {cdcsync.__version__}", "cdcsync VERSION")
@@ -272,7 +274,7 @@ def test_weird_identifiers_round_trip_through_sqlglot(name: str) -> None:
 
 def test_weird_pipeline_renders_valid_sql(tmp_path: Path) -> None:
     pipeline = weird_pipeline()
-    (planned,) = migrations.plan(pipeline, tmp_path)
+    (planned,) = migrations.plan(POSTGRES, pipeline, tmp_path)
     statements = parse_postgres(planned.text)
     assert {type(s).__name__ for s in statements} == {"Create", "Comment", "Insert", "Command"}
     tables = {
@@ -301,7 +303,7 @@ def test_names_cannot_escape_comments_or_literals(tmp_path: Path) -> None:
             "sinks": {evil: {"type": "postgres", "from": "s", "schema": "app", "table": 't"; DROP TABLE v; --'}},
         }
     )
-    (planned,) = migrations.plan(pipeline, tmp_path)
+    (planned,) = migrations.plan(POSTGRES, pipeline, tmp_path)
     statements = parse_postgres(planned.text)
     assert not any(isinstance(s, exp.Drop) for s in statements)
     parsed = migrations.parse_migration(planned.text)

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from cdcsync.config.compile import METADATA_TYPES
-from cdcsync.config.pipeline import Pipeline, validate_pipeline_dict
+from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.config.pipeline import Pipeline
+from cdcsync.config.sqlcheck import METADATA_TYPES
 from cdcsync.config.types import PgType, parse_pg_type
 from cdcsync.core.errors import ConfigError, exit_code_for
 from cdcsync.sources.debezium.envelope import CDC_COLUMNS

@@ -172,7 +172,7 @@ def test_plain_messages_write_exact_decimal_numbers() -> None:
     ],
 )
 def test_decimal_bytes_are_minimal_twos_complement(value: str, raw: bytes) -> None:
-    assert base64.b64decode(workload._decimal_bytes_b64(Decimal(value), 2)) == raw
+    assert base64.b64decode(workload.decimal_bytes_b64(Decimal(value), 2)) == raw
 
 
 def test_zoned_timestamps_look_like_java() -> None:
@@ -324,7 +324,7 @@ def test_cli_produces_and_prints_counts(monkeypatch: pytest.MonkeyPatch, capsys:
         calls.append((bootstrap, topic, len(events), partitions))
         return len(events)
 
-    monkeypatch.setattr(workload, "produce", fake_produce)
+    monkeypatch.setattr(workload.cli, "produce", fake_produce)  # where main looks it up
     args = [
         "--bootstrap",
         "b:1",
@@ -356,6 +356,6 @@ def test_cli_produces_and_prints_counts(monkeypatch: pytest.MonkeyPatch, capsys:
     def failing_produce(*args: Any, **kwargs: Any) -> int:
         raise ServiceError("cannot reach Kafka at b:1", hint="start it")
 
-    monkeypatch.setattr(workload, "produce", failing_produce)
+    monkeypatch.setattr(workload.cli, "produce", failing_produce)
     assert workload.main(["--topic", "t", "--changes", "5"]) == 1
     assert "error: cannot reach Kafka at b:1" in capsys.readouterr().err

@@ -1,49 +1,21 @@
-"""Synthetic Debezium changelogs for ``make demo``, the end-to-end tests and the benchmarks.
-
-:func:`generate` builds a deterministic (seeded) stream of change events for an ``orders`` table, as the Debezium
-Postgres connector writes them through Kafka Connect's JsonConverter, together with the table's expected final
-state. :func:`produce` sends events to Kafka; :func:`malformed_events` and :func:`stale_replays` make the messages
-that the dead-letter and replay tests need; :func:`to_kafka_batch` shapes events like Spark's Kafka source does,
-for tests and benchmarks that decode without Spark; :func:`to_avro` re-encodes the plain-payload events in Avro
-(Confluent wire format) with the schemas :func:`register_avro_schemas` puts in a registry.
-
-The table::
-
-    orders(id bigint primary key, customer_id bigint, amount numeric(12,2), status text, "Note" text,
-           updated_at timestamptz)
-
-Every event carries ``before``, ``after``, ``source`` (with ``lsn`` strictly increasing over the whole stream,
-``ts_ms``, ``db``, ``schema``, ``table``), ``op`` and ``ts_ms``. With ``wrapped=True`` each message has the
-``{"schema": ..., "payload": ...}`` wrapper (``schemas.enable=true``) and ``amount`` travels as Connect
-``Decimal`` bytes (base64, ``scale`` 2) as in Debezium's default ``decimal.handling.mode=precise``; without it the
-payload is bare and ``amount`` is a JSON number with its exact digits (JsonConverter ``decimal.format=NUMERIC``).
-``updated_at`` is an ``io.debezium.time.ZonedTimestamp`` ISO string either way. Updates carry ``before: null``
-and deletes a ``before`` holding only the key, as with ``REPLICA IDENTITY DEFAULT``; ``replica_identity_full``
-puts the whole old row there. A delete is followed by a tombstone unless ``tombstones=False``.
-
-Run ``python -m cdcsync.devstack.workload --bootstrap HOST:PORT --topic shop.public.orders --changes N
---keys K --seed S`` to produce a stream and print its counts.
-"""
+"""The synthetic orders changelog itself: the table, the events as Debezium + JsonConverter write them, the
+expected final state, and the malformed and stale messages the dead-letter and replay tests need."""
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import random
 import re
-import sys
-import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.core.errors import CdcsyncError, ServiceError
-
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
+
 
 ORDERS_TABLE = "orders"
 ORDERS_COLUMNS: dict[str, str] = {
@@ -128,7 +100,7 @@ def _dumps(obj: Any) -> bytes:
     return _DECIMAL_MARK.sub(r"\1", text).encode()
 
 
-def _decimal_bytes_b64(value: Decimal, scale: int) -> str:
+def decimal_bytes_b64(value: Decimal, scale: int) -> str:
     """Connect ``Decimal``: the unscaled value as big-endian two's complement (Java BigInteger.toByteArray)."""
     unscaled = int(value.scaleb(scale))
     length = (unscaled if unscaled >= 0 else ~unscaled).bit_length() // 8 + 1
@@ -250,7 +222,7 @@ class _Encoder:
             if value is None:
                 out[name] = None
             elif isinstance(value, Decimal):
-                out[name] = _decimal_bytes_b64(value, AMOUNT_SCALE) if self.wrapped else f"\x01D{value}\x01"
+                out[name] = decimal_bytes_b64(value, AMOUNT_SCALE) if self.wrapped else f"\x01D{value}\x01"
             elif isinstance(value, datetime):
                 out[name] = zoned_timestamp(value)
             else:
@@ -492,338 +464,3 @@ def stale_replays(workload: Workload, count: int, *, seed: int = 0) -> list[Chan
     rng = random.Random(seed)
     picked = rng.sample(stale, min(count, len(stale)))
     return [workload.events[i] for i in sorted(picked)]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Kafka
-# --------------------------------------------------------------------------------------------------------------
-
-
-def ensure_topic(
-    bootstrap_servers: str, topic: str, partitions: int = 4, *, replication_factor: int = 1, timeout: float = 30.0
-) -> bool:
-    """Create ``topic`` with ``partitions`` partitions unless it exists; True when it was created."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    try:
-        metadata = admin.list_topics(timeout=timeout)  # no topic argument: must not trigger auto-creation
-    except KafkaException as error:
-        raise ServiceError(
-            f"cannot reach Kafka at {bootstrap_servers}: {error.args[0]}",
-            retriable=True,
-            hint="start the dev stack with `cdcsync dev up`",
-        ) from None
-    existing = metadata.topics.get(topic)
-    if existing is not None and existing.error is None:
-        return False
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)],
-        operation_timeout=timeout,
-    )
-    try:
-        futures[topic].result(timeout=timeout)
-    except KafkaException as error:
-        kafka_error = error.args[0]
-        if kafka_error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise ServiceError(
-            f"creating topic '{topic}' on {bootstrap_servers}: {kafka_error.str()}", retriable=kafka_error.retriable()
-        ) from None
-    return True
-
-
-def produce(
-    bootstrap_servers: str,
-    topic: str,
-    events: Iterable[ChangeEvent],
-    partitions: int = 4,
-    *,
-    config: Mapping[str, Any] | None = None,
-    timeout: float = 60.0,
-) -> int:
-    """Send ``events`` in order, keyed (one partition per key, Java's murmur2 partitioner), creating ``topic``
-    with ``partitions`` partitions first if it is absent. Returns the number of messages delivered; raises
-    :class:`~cdcsync.core.errors.ServiceError` if any delivery fails or is still pending after ``timeout`` seconds."""
-    from confluent_kafka import KafkaException, Producer
-
-    ensure_topic(bootstrap_servers, topic, partitions, timeout=timeout)
-    settings: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_servers,
-        "linger.ms": 20,
-        "batch.num.messages": 10_000,
-        "queue.buffering.max.messages": 200_000,
-        "partitioner": "murmur2_random",
-        "enable.idempotence": True,  # retries keep per-key order
-        "message.timeout.ms": int(timeout * 1000),
-        "log_level": 3,  # transient warnings of a freshly started broker are retried; failures are raised below
-    }
-    settings.update(config or {})
-    failures: list[str] = []
-    delivered = 0
-
-    def on_delivery(error: Any, message: Any) -> None:
-        nonlocal delivered
-        if error is not None:
-            failures.append(error.str())
-        else:
-            delivered += 1
-
-    producer = Producer(settings)
-    sent = 0
-    try:
-        for event in events:
-            while True:
-                try:
-                    producer.produce(topic, key=event.key, value=event.value, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.1)  # local queue full: let deliveries drain
-            sent += 1
-            if sent % 10_000 == 0:
-                producer.poll(0)
-        pending = producer.flush(timeout)
-    except KafkaException as error:
-        raise ServiceError(
-            f"producing to topic '{topic}' on {bootstrap_servers}: {error.args[0]}", retriable=True
-        ) from None
-    if failures:
-        raise ServiceError(
-            f"producing to topic '{topic}' on {bootstrap_servers}: {len(failures)} of {sent} messages failed; "
-            f"first error: {failures[0]}",
-            retriable=True,
-        )
-    if pending:
-        raise ServiceError(
-            f"producing to topic '{topic}' on {bootstrap_servers}: {pending} of {sent} messages still undelivered "
-            f"after {timeout:g}s",
-            retriable=True,
-        )
-    return delivered
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The same changes in Avro, as Debezium's AvroConverter writes them
-# --------------------------------------------------------------------------------------------------------------
-
-_OPTIONAL_LONG = ["null", "long"]
-_OPTIONAL_STRING = ["null", "string"]
-ORDERS_AVRO_KEY_SCHEMA = {
-    "type": "record",
-    "name": "Key",
-    "namespace": "shop.public.orders",
-    "fields": [{"name": "id", "type": "long"}],
-    "connect.name": "shop.public.orders.Key",
-}
-_ORDERS_AVRO_ROW_SCHEMA = {
-    "type": "record",
-    "name": "Value",
-    "namespace": "shop.public.orders",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "customer_id", "type": _OPTIONAL_LONG, "default": None},
-        {
-            "name": "amount",
-            "type": [
-                "null",
-                {
-                    "type": "bytes",
-                    "scale": 2,
-                    "precision": 12,
-                    "connect.version": 1,
-                    "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"},
-                    "connect.name": "org.apache.kafka.connect.data.Decimal",
-                    "logicalType": "decimal",
-                },
-            ],
-            "default": None,
-        },
-        {"name": "status", "type": _OPTIONAL_STRING, "default": None},
-        {"name": "Note", "type": _OPTIONAL_STRING, "default": None},
-        {
-            "name": "updated_at",
-            "type": [
-                "null",
-                {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"},
-            ],
-            "default": None,
-        },
-    ],
-    "connect.name": "shop.public.orders.Value",
-}
-ORDERS_AVRO_VALUE_SCHEMA = {
-    "type": "record",
-    "name": "Envelope",
-    "namespace": "shop.public.orders",
-    "fields": [
-        {"name": "before", "type": ["null", _ORDERS_AVRO_ROW_SCHEMA], "default": None},
-        {"name": "after", "type": ["null", "Value"], "default": None},
-        {
-            "name": "source",
-            "type": {
-                "type": "record",
-                "name": "Source",
-                "namespace": "io.debezium.connector.postgresql",
-                "fields": [
-                    {"name": "version", "type": "string"},
-                    {"name": "connector", "type": "string"},
-                    {"name": "name", "type": "string"},
-                    {"name": "ts_ms", "type": "long"},
-                    {"name": "snapshot", "type": _OPTIONAL_STRING, "default": None},
-                    {"name": "db", "type": "string"},
-                    {"name": "sequence", "type": _OPTIONAL_STRING, "default": None},
-                    {"name": "schema", "type": "string"},
-                    {"name": "table", "type": "string"},
-                    {"name": "txId", "type": _OPTIONAL_LONG, "default": None},
-                    {"name": "lsn", "type": _OPTIONAL_LONG, "default": None},
-                    {"name": "xmin", "type": _OPTIONAL_LONG, "default": None},
-                ],
-            },
-        },
-        {"name": "op", "type": "string"},
-        {"name": "ts_ms", "type": _OPTIONAL_LONG, "default": None},
-        {"name": "transaction", "type": ["null", "string"], "default": None},
-    ],
-    "connect.name": "shop.public.orders.Envelope",
-}
-
-
-def to_avro(events: Sequence[ChangeEvent], key_id: int, value_id: int) -> list[ChangeEvent]:
-    """Plain-payload (``wrapped=False``) events re-encoded as Debezium's AvroConverter writes them: the Confluent
-    wire format (magic byte 0, the 4-byte schema id, the Avro body) with ``amount`` as Connect ``Decimal`` bytes
-    (exact decimals kept). ``key_id`` / ``value_id`` are the ids of :data:`ORDERS_AVRO_KEY_SCHEMA` and
-    :data:`ORDERS_AVRO_VALUE_SCHEMA` in the registry the consumer reads (:func:`register_avro_schemas`)."""
-    import io
-
-    import fastavro
-
-    key_schema = fastavro.parse_schema(ORDERS_AVRO_KEY_SCHEMA)
-    value_schema = fastavro.parse_schema(ORDERS_AVRO_VALUE_SCHEMA)
-
-    def encode(schema_id: int, schema: Any, record: Any) -> bytes:
-        out = io.BytesIO()
-        out.write(b"\0" + schema_id.to_bytes(4, "big"))
-        fastavro.schemaless_writer(out, schema, record)
-        return out.getvalue()
-
-    converted = []
-    for event in events:
-        key = encode(key_id, key_schema, json.loads(event.key)) if event.key is not None else None
-        value = None
-        if event.value is not None:
-            payload = json.loads(event.value, parse_float=Decimal)
-            payload["transaction"] = None
-            value = encode(value_id, value_schema, payload)
-        converted.append(ChangeEvent(key=key, value=value, id=event.id, op=event.op, lsn=event.lsn))
-    return converted
-
-
-def register_avro_schemas(registry_url: str, topic: str) -> tuple[int, int]:
-    """Register the orders key and value schemas under ``<topic>-key`` / ``<topic>-value`` (Confluent's
-    TopicNameStrategy, as the converter would); returns their ids for :func:`to_avro`."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-
-    client = SchemaRegistryClient({"url": registry_url})
-    key_id = client.register_schema(f"{topic}-key", Schema(json.dumps(ORDERS_AVRO_KEY_SCHEMA), "AVRO"))
-    value_id = client.register_schema(f"{topic}-value", Schema(json.dumps(ORDERS_AVRO_VALUE_SCHEMA), "AVRO"))
-    return key_id, value_id
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Without Kafka: what Spark's Kafka source would hand to the decoder
-# --------------------------------------------------------------------------------------------------------------
-
-
-def to_kafka_batch(
-    events: Sequence[ChangeEvent],
-    *,
-    topic: str = "shop.public.orders",
-    partitions: int = 4,
-    start: datetime = DEFAULT_START,
-) -> pa.RecordBatch:
-    """An Arrow batch shaped like Spark's Kafka source rows (``key``, ``value``, ``topic``, ``partition``,
-    ``offset``, ``timestamp``, ``timestampType``): keyed events go to ``crc32(key) % partitions`` and get
-    consecutive offsets per partition, in stream order."""
-    import pyarrow as pa
-
-    next_offset = [0] * partitions
-    part: list[int] = []
-    offsets: list[int] = []
-    base = int(start.timestamp() * 1_000_000)
-    for event in events:
-        p = zlib.crc32(event.key or b"") % partitions
-        part.append(p)
-        offsets.append(next_offset[p])
-        next_offset[p] += 1
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([e.key for e in events], type=pa.binary()),
-            pa.array([e.value for e in events], type=pa.binary()),
-            pa.array([topic] * len(events), type=pa.string()),
-            pa.array(part, type=pa.int32()),
-            pa.array(offsets, type=pa.int64()),
-            pa.array([base + 1000 * i for i in range(len(events))], type=pa.timestamp("us", tz="UTC")),
-            pa.array([0] * len(events), type=pa.int32()),
-        ],
-        names=["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"],
-    )
-
-
-# --------------------------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cdcsync.devstack.workload",
-        description="Produce a synthetic Debezium changelog of an orders table to Kafka.",
-    )
-    parser.add_argument(
-        "--bootstrap",
-        default=None,
-        help="Kafka bootstrap servers (default: from cdcsync settings: $CDCSYNC__KAFKA__BOOTSTRAP_SERVERS, "
-        "cdcsync.yaml, else the dev stack's broker)",
-    )
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--changes", type=int, default=10_000, help="change events to produce")
-    parser.add_argument("--keys", type=int, default=1_000, help="distinct primary keys")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partitions", type=int, default=4, help="partitions when the topic is created")
-    parser.add_argument("--wrapped", action="store_true", help="JsonConverter schemas.enable=true envelopes")
-    parser.add_argument("--no-tombstones", action="store_true", help="no tombstone after deletes")
-    parser.add_argument("--malformed", action="store_true", help="also produce messages that must be dead-lettered")
-    parser.add_argument("--replays", type=int, default=0, help="re-send N stale changes after the stream")
-    args = parser.parse_args(argv)
-
-    workload = generate(
-        args.changes, args.keys, seed=args.seed, wrapped=args.wrapped, tombstones=not args.no_tombstones
-    )
-    events = list(workload.events)
-    malformed = malformed_events(wrapped=args.wrapped) if args.malformed else []
-    replays = stale_replays(workload, args.replays, seed=args.seed) if args.replays else []
-    events += malformed + replays
-    try:
-        bootstrap = args.bootstrap
-        if bootstrap is None:
-            from cdcsync.config.settings import load_settings
-
-            bootstrap = load_settings().bootstrap_servers
-        delivered = produce(bootstrap, args.topic, events, partitions=args.partitions)
-    except CdcsyncError as error:
-        print(f"error: {error}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
-        return 1
-    counts = workload.counts
-    print(
-        f"produced {delivered} messages to {args.topic}: {counts['c']} inserts, {counts['u']} updates, "
-        f"{counts['d']} deletes, {counts['tombstone']} tombstones, {len(malformed)} malformed, "
-        f"{len(replays)} stale replays; {len(workload.expected)} live keys expected"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

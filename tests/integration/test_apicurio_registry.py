@@ -1,6 +1,8 @@
 """The schema registry over HTTP: confluent-kafka's client and serializer against the session's registry (the dev
-stack's stand-in, a cp-schema-registry container, or ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``), and the Avro decoder
-fetching writer schemas from it. Restarts and outages use a stand-in of their own on a free port."""
+stack's Apicurio Registry through its Confluent-compatible API, or ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL``), and the
+Avro decoder fetching writer schemas from it. What the dev stack relies on in Apicurio itself (one id space for its
+v2 and ccompat APIs, ids that survive a restart) is checked against the real server; a restart uses a server of its
+own on a free port."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import pytest
 
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.reports import Kind, ReportedFailure
-from cdcsync.devstack import DevStackConfig, schema_registry
+from cdcsync.devstack import DevStackConfig, apicurio
+from cdcsync.devstack.apicurio import ApicurioRegistry
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.debezium.spec import DecodeSpec
@@ -56,15 +59,14 @@ def avro_schema(name: str, fields: list[dict[str, Any]]) -> Any:
     return Schema(json.dumps({"type": "record", "name": name, "namespace": "cdcsync.test", "fields": fields}), "AVRO")
 
 
-def http(method: str, url: str, body: Any = None) -> tuple[int, str, Any]:
-    """(status, content type, JSON body) of one raw request."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": CONTENT_TYPE})
+def v2(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, JSON body) of one raw request to Apicurio's v2 API, as Apicurio's serdes make it."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.headers["Content-Type"], json.loads(response.read() or b"null")
+            return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
-        return error.code, error.headers["Content-Type"], json.loads(error.read() or b"null")
+        return error.code, json.loads(error.read() or b"null")
 
 
 def kafka_batch(messages: list[tuple[bytes | None, bytes | None]], topic: str = "shop.public.things") -> pa.RecordBatch:
@@ -206,99 +208,72 @@ def topic() -> str:
     return f"shop.public.things_{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture()
-def standin(tmp_path: Path) -> Iterator[DevStackConfig]:
-    """A stand-in registry of this test's own (free port, own state dir), started through the dev-stack code."""
-    config = DevStackConfig(state_dir=tmp_path, schema_registry_port=_free_port())
-    schema_registry.start(config)
+@pytest.fixture(scope="module")
+def own_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    """An Apicurio Registry of this module's own (free port, own state dir), started through the dev-stack code."""
+    config = DevStackConfig(state_dir=tmp_path_factory.mktemp("registry"), schema_registry_port=_free_port())
+    registry = ApicurioRegistry(config)
+    registry.start()
     try:
-        schema_registry.wait_ready(config, 30)
-        yield config
+        registry.wait_ready(180)
+        yield registry
     finally:
-        schema_registry.stop(config)
+        registry.stop()
 
 
-# ---- the registry API --------------------------------------------------------------------------------------------
+# ---- what the dev stack relies on in Apicurio --------------------------------------------------------------------
 
 
-def test_register_get_lookup_round_trip_and_global_ids(schema_registry_url: str) -> None:
+def test_v2_and_ccompat_share_one_id_space(schema_registry_url: str) -> None:
+    """Apicurio's converter (Debezium in Avro) registers through v2 and writes the contentId; a Confluent client
+    must fetch exactly that schema by that id, and registering it again through ccompat must give the same id."""
+    api = apicurio.v2_url(schema_registry_url)
+    artifact = f"shop.public.k{uuid.uuid4().hex[:8]}-key"
+    schema = json.dumps({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]})
+    create = {"X-Registry-ArtifactId": artifact, "X-Registry-ArtifactType": "AVRO", "Content-Type": "application/json"}
+    status, meta = v2("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", schema.encode(), create)
+    assert status == 200 and meta["id"] == artifact and meta["version"] == "1"
+    schema_id = meta["contentId"]
     registry = client(schema_registry_url)
-    subject, other = f"t-{uuid.uuid4().hex[:8]}-value", f"t-{uuid.uuid4().hex[:8]}-value"
-    v1 = avro_schema(f"R{uuid.uuid4().hex[:8]}", [{"name": "id", "type": "long"}])
-    first = registry.register_schema(subject, v1)
-    fetched = registry.get_schema(first)
-    assert json.loads(fetched.schema_str) == json.loads(v1.schema_str)
-    found = registry.lookup_schema(subject, v1)
-    assert (found.schema_id, found.version, found.subject) == (first, 1, subject)
-
-    # the same schema under another subject, and the same schema reformatted: the same id, no new version
-    assert client(schema_registry_url).register_schema(other, v1) == first
-    from confluent_kafka.schema_registry import Schema
-
-    spaced = Schema(json.dumps(json.loads(v1.schema_str), indent=4), "AVRO")
-    assert client(schema_registry_url).register_schema(subject, spaced) == first
-    assert registry.get_versions(subject) == [1]
-
-    fields = [{"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"], "default": None}]
-    v2 = Schema(json.dumps({**json.loads(v1.schema_str), "fields": fields}), "AVRO")
-    second = registry.register_schema(subject, v2)
-    assert second != first
-    assert registry.get_versions(subject) == [1, 2]
-    assert registry.get_latest_version(subject).schema_id == second
-    assert registry.get_version(subject, 1).schema_id == first
-    assert {subject, other} <= set(registry.get_subjects())
+    assert json.loads(registry.get_schema(schema_id).schema_str) == json.loads(schema)
+    assert registry.get_versions(artifact) == [1]
+    assert registry.register_schema(artifact, registry.get_schema(schema_id)) == schema_id
+    assert v2("GET", f"{api}/ids/contentIds/{schema_id}")[1] == json.loads(schema)
+    again = v2("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", schema.encode(), create)[1]
+    assert (again["contentId"], again["version"]) == (schema_id, "1")
 
 
-def test_errors_are_confluent_json(schema_registry_url: str) -> None:
-    missing = f"missing-{uuid.uuid4().hex[:8]}"
-    status, content_type, body = http("GET", f"{schema_registry_url}/subjects/{missing}/versions")
-    assert (status, body["error_code"]) == (404, 40401) and missing in body["message"]
-    assert content_type.startswith(CONTENT_TYPE)
-    status, _, body = http("GET", f"{schema_registry_url}/schemas/ids/1987654321")
-    assert (status, body["error_code"]) == (404, 40403)
-    status, _, body = http("POST", f"{schema_registry_url}/subjects/{missing}/versions", {"schema": '{"type": "nope"}'})
-    assert (status, body["error_code"]) == (422, 42201)
-    subject = f"t-{uuid.uuid4().hex[:8]}-value"
-    client(schema_registry_url).register_schema(subject, avro_schema("E", [{"name": "a", "type": "int"}]))
-    status, _, body = http("GET", f"{schema_registry_url}/subjects/{subject}/versions/99")
-    assert (status, body["error_code"]) == (404, 40402)
-    status, _, body = http("POST", f"{schema_registry_url}/subjects/{subject}", {"schema": '"string"'})
-    assert (status, body["error_code"]) == (404, 40403)
+def test_ids_and_subjects_survive_a_restart_and_stop_touches_only_our_process(
+    own_registry: ApicurioRegistry, tmp_path: Path
+) -> None:
+    from cdcsync.core.errors import ServiceError
 
-
-def test_compatibility_config_and_subject_deletion(schema_registry_url: str) -> None:
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-    registry = client(schema_registry_url)
-    subject = f"t-{uuid.uuid4().hex[:8]}-value"
-    registry.register_schema(subject, avro_schema("D", [{"name": "a", "type": "int"}]))
-    registry.set_compatibility(subject, "NONE")
-    assert registry.get_compatibility(subject) == "NONE"
-    assert registry.get_compatibility() in ("BACKWARD", "NONE", "FULL", "FORWARD")
-    assert registry.delete_subject(subject) == [1]
-    with pytest.raises(SchemaRegistryError) as error:
-        registry.get_versions(subject)
-    assert error.value.error_code == 40401
-    assert registry.delete_subject(subject, permanent=True) == [1]
-    assert subject not in registry.get_subjects(deleted=True)
-
-
-def test_ids_and_subjects_survive_a_restart_and_stop_touches_only_our_process(standin: DevStackConfig) -> None:
-    url = schema_registry.url(standin)
+    url = own_registry.address
+    assert url.endswith("/apis/ccompat/v7")
     subject = "orders-value"
     first = client(url).register_schema(subject, avro_schema("A", [{"name": "a", "type": "int"}]))
     second = client(url).register_schema(subject, avro_schema("B", [{"name": "b", "type": "int"}]))
-    running = schema_registry.status(standin)
+    running = own_registry.status()
     assert running.running and running.pid is not None
-    assert schema_registry.state_file(standin).is_file()
 
-    stopped = schema_registry.stop(standin)
-    assert stopped.state == "stopped" and schema_registry.status(standin).state == "stopped"
+    again = own_registry.start()  # a second start is a no-op
+    assert again.pid == running.pid and not again.started
+    squatter = ApicurioRegistry(
+        DevStackConfig(state_dir=tmp_path / "other", schema_registry_port=own_registry.cfg.schema_registry_port)
+    )
+    assert squatter.status().state == "port-busy"
+    with pytest.raises(ServiceError, match="already in use"):
+        squatter.start()
+    squatter.stop()  # not ours: must leave the running one alone
+    assert own_registry.status().pid == running.pid
+
+    stopped = own_registry.stop()
+    assert stopped.state == "stopped" and own_registry.status().state == "stopped"
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{url}/subjects", timeout=2)
 
-    restarted = schema_registry.start(standin)
-    schema_registry.wait_ready(standin, 30)
+    restarted = own_registry.start()
+    own_registry.wait_ready(180)
     assert restarted.pid != running.pid
     fresh = client(url)  # no client-side cache
     assert json.loads(fresh.get_schema(first).schema_str)["name"] == "A"
@@ -306,88 +281,6 @@ def test_ids_and_subjects_survive_a_restart_and_stop_touches_only_our_process(st
     assert fresh.register_schema(subject, avro_schema("A", [{"name": "a", "type": "int"}])) == first
     third = fresh.register_schema("other-value", avro_schema("C", [{"name": "c", "type": "int"}]))
     assert third == max(first, second) + 1  # ids are never reused
-
-
-def test_a_second_start_is_a_no_op_and_a_busy_port_is_reported(standin: DevStackConfig, tmp_path: Path) -> None:
-    from cdcsync.core.errors import ServiceError
-
-    before = schema_registry.status(standin)
-    again = schema_registry.start(standin)
-    assert again.pid == before.pid and not again.started
-    squatter = DevStackConfig(state_dir=tmp_path / "other", schema_registry_port=standin.schema_registry_port)
-    assert schema_registry.status(squatter).state == "port-busy"
-    with pytest.raises(ServiceError, match="already in use"):
-        schema_registry.start(squatter)
-    schema_registry.stop(squatter)  # not ours: must leave the running one alone
-    assert schema_registry.status(standin).pid == before.pid
-
-
-def apicurio(
-    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, str, Any]:
-    """(status, content type, JSON or text body) of one raw request to the stand-in's Apicurio v2 API."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            status, content_type, raw = response.status, response.headers["Content-Type"], response.read()
-    except urllib.error.HTTPError as error:
-        status, content_type, raw = error.code, error.headers["Content-Type"], error.read()
-    return status, content_type, json.loads(raw)
-
-
-def test_apicurio_v2_subset_shares_the_confluent_id_space(standin: DevStackConfig) -> None:
-    """What Apicurio's serdes (Debezium's Avro converter in the dev stack) call: registered there, found by the
-    Confluent client under the same id, and the other way round."""
-    url = schema_registry.url(standin)
-    api = f"{url}/apis/registry/v2"
-    schema = json.dumps({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]})
-    create = {"X-Registry-ArtifactId": "shop.public.k-key", "X-Registry-ArtifactType": "AVRO"}
-    create["Content-Type"] = "application/json"
-    status, content_type, meta = apicurio(
-        "POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", schema.encode(), create
-    )
-    assert status == 200 and content_type == "application/json"
-    assert meta["id"] == "shop.public.k-key" and meta["version"] == "1" and meta["type"] == "AVRO"
-    schema_id = meta["contentId"]
-    assert meta["globalId"] == schema_id
-    assert json.loads(client(url).get_schema(schema_id).schema_str) == json.loads(schema)
-    assert client(url).get_versions("shop.public.k-key") == [1]
-
-    # the same content again (reformatted): the same version; the same schema through Confluent: the same id
-    spaced = json.dumps(json.loads(schema), indent=2).encode()
-    again = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", spaced, create)[2]
-    assert (again["contentId"], again["version"]) == (schema_id, "1")
-    assert client(url).register_schema("other-value", avro_schema("K", [{"name": "id", "type": "long"}])) != 0
-    confluent_id = client(url).register_schema("shop.public.k-key", client(url).get_schema(schema_id))
-    assert confluent_id == schema_id
-    assert apicurio("GET", f"{api}/ids/contentIds/{schema_id}")[2] == json.loads(schema)
-    assert apicurio("GET", f"{api}/ids/globalIds/{schema_id}/references")[2] == []
-
-    # find-latest and lookup by content
-    latest = apicurio("GET", f"{api}/groups/default/artifacts/shop.public.k-key/meta")[2]
-    assert (latest["contentId"], latest["version"]) == (schema_id, "1")
-    found = apicurio("POST", f"{api}/groups/default/artifacts/shop.public.k-key/meta", spaced)[2]
-    assert found["globalId"] == schema_id
-
-    # a new schema is a new version; FAIL refuses an existing artifact; RETURN gives the latest without writing
-    fields = [{"name": "id", "type": "long"}, {"name": "n", "type": ["null", "int"], "default": None}]
-    evolved = json.dumps({"type": "record", "name": "K", "fields": fields}).encode()
-    second = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN_OR_UPDATE", evolved, create)[2]
-    assert second["version"] == "2" and second["contentId"] not in (schema_id, 0)
-    status, _, error = apicurio("POST", f"{api}/groups/default/artifacts?ifExists=FAIL", evolved, create)
-    assert (status, error["error_code"], error["name"]) == (409, 409, "ArtifactAlreadyExistsException")
-    assert apicurio("POST", f"{api}/groups/default/artifacts?ifExists=RETURN", schema.encode(), create)[2] == second
-
-    # errors in Apicurio's shape, naming what is wrong
-    status, content_type, error = apicurio("GET", f"{api}/groups/default/artifacts/missing/meta")
-    assert (status, error["name"]) == (404, "ArtifactNotFoundException") and content_type == "application/json"
-    status, _, error = apicurio("GET", f"{api}/ids/contentIds/987654")
-    assert (status, error["error_code"]) == (404, 404)
-    status, _, error = apicurio("POST", f"{api}/groups/mine/artifacts", schema.encode(), create)
-    assert status == 400 and "group 'mine'" in error["message"]
-    fresh = {**create, "X-Registry-ArtifactId": "fresh-value"}
-    status, _, error = apicurio("POST", f"{api}/groups/default/artifacts", b'{"type": "nope"}', fresh)
-    assert (status, error["name"]) == (400, "InvalidArtifactException")
 
 
 # ---- decoding against the registry -------------------------------------------------------------------------------
@@ -425,11 +318,11 @@ def test_avro_serializer_output_is_decoded(schema_registry_url: str, topic: str)
         assert (deleted["id"], deleted["_cdc_op"], deleted["amount"]) == (5, "d", None)
 
 
-def test_the_workload_in_avro_decodes_to_the_rows_of_the_workload_in_json(standin: DevStackConfig) -> None:
+def test_the_workload_in_avro_decodes_to_the_rows_of_the_workload_in_json(schema_registry_url: str) -> None:
     """What the upsert benchmark's ``--format avro`` produces: the same changes, the same decoded rows."""
     from cdcsync.devstack import workload
 
-    url = schema_registry.url(standin)
+    url = schema_registry_url
     load = workload.generate(300, 60, seed=4, wrapped=False)
     avro_events = workload.to_avro(load.events, *workload.register_avro_schemas(url, "bench.public.orders"))
     assert all(e.value is None or e.value[0] == 0 for e in avro_events)
@@ -477,10 +370,11 @@ def test_an_unknown_schema_id_is_a_dead_letter(schema_registry_url: str) -> None
     assert "HTTP 404" in row["_dlq_reason"] and row["_dlq_value"] == raw and row["id"] is None
 
 
-def test_registry_down_is_retried_then_dead_lettered_or_fails_the_task(standin: DevStackConfig, topic: str) -> None:
-    url = schema_registry.url(standin)
-    value = serialize(serializer(url, envelope(ROW_FIELDS)), topic, change("c", {"id": 1, "status": "x"}))
-    schema_registry.stop(standin)
+def test_registry_down_is_retried_then_dead_lettered_or_fails_the_task(schema_registry_url: str, topic: str) -> None:
+    value = serialize(
+        serializer(schema_registry_url, envelope(ROW_FIELDS)), topic, change("c", {"id": 1, "status": "x"})
+    )
+    url = f"http://127.0.0.1:{_free_port()}/apis/ccompat/v7"  # nobody listens there
     spec = spec_for(url, COLUMNS, retry_timeout_s=1.5)
 
     started = time.monotonic()
@@ -496,20 +390,45 @@ def test_registry_down_is_retried_then_dead_lettered_or_fails_the_task(standin: 
     assert failure.value.report.kind is Kind.UNDECODABLE and "unreachable" in failure.value.report.describe()
 
 
-def test_a_registry_that_comes_back_within_the_budget_decodes(standin: DevStackConfig, topic: str) -> None:
-    url = schema_registry.url(standin)
-    value = serialize(serializer(url, envelope(ROW_FIELDS)), topic, change("c", {"id": 2, "status": "back"}))
-    schema_registry.stop(standin)
+class _QuietHandler(BaseHTTPRequestHandler):
+    def reply(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    def restart() -> None:
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_registry_that_comes_back_within_the_budget_decodes(schema_registry_url: str, topic: str) -> None:
+    """The registry is away (nothing listens) and comes back after a second: a proxy in front of the real one."""
+    value = serialize(
+        serializer(schema_registry_url, envelope(ROW_FIELDS)), topic, change("c", {"id": 2, "status": "back"})
+    )
+    port = _free_port()
+
+    class Forward(_QuietHandler):
+        def do_GET(self) -> None:
+            with urllib.request.urlopen(schema_registry_url + self.path.removeprefix("/x"), timeout=10) as answer:
+                self.reply(answer.status, answer.headers["Content-Type"], answer.read())
+
+    servers: list[ThreadingHTTPServer] = []
+
+    def come_back() -> None:
         time.sleep(1.0)
-        schema_registry.start(standin)
+        servers.append(ThreadingHTTPServer(("127.0.0.1", port), Forward))
+        servers[0].serve_forever()
 
-    thread = threading.Thread(target=restart)
-    thread.start()
+    threading.Thread(target=come_back, daemon=True).start()
     started = time.monotonic()
-    (row,) = decode(spec_for(url, COLUMNS, retry_timeout_s=30), [(None, value)])
-    thread.join()
+    try:
+        (row,) = decode(spec_for(f"http://127.0.0.1:{port}/x", COLUMNS, retry_timeout_s=30), [(None, value)])
+    finally:
+        if servers:
+            servers[0].shutdown()
+            servers[0].server_close()
     assert row["_dlq_reason"] is None and row["status"] == "back"
     assert 1.0 <= time.monotonic() - started < 30
 
@@ -517,18 +436,10 @@ def test_a_registry_that_comes_back_within_the_budget_decodes(standin: DevStackC
 def test_http_5xx_is_retried_then_dead_lettered() -> None:
     requests: list[str] = []
 
-    class Busy(BaseHTTPRequestHandler):
+    class Busy(_QuietHandler):
         def do_GET(self) -> None:
             requests.append(self.path)
-            body = json.dumps({"error_code": 50302, "message": "overloaded"}).encode()
-            self.send_response(503)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+            self.reply(503, CONTENT_TYPE, json.dumps({"error_code": 50302, "message": "overloaded"}).encode())
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -1,0 +1,309 @@
+"""Loading a pipeline: read the YAML, validate every entry (:mod:`cdcsync.config.checks`), complete the sources'
+columns from their recorded or introspected schemas, route ``topic_pattern`` sources to a source and sinks per
+table, and plan the transforms. :func:`load_pipeline` either returns a fully checked
+:class:`~cdcsync.config.pipeline.Pipeline` or raises :class:`~cdcsync.core.errors.ConfigError` listing *every*
+problem as ``path.to.key: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from cdcsync.config.base import did_you_mean
+from cdcsync.config.checks import (
+    Inputs,
+    check_dynamic_table,
+    check_sinks,
+    check_source,
+    parses,
+    validate_entry,
+    yaml_path,
+)
+from cdcsync.config.pipeline import (
+    NO_COLUMNS,
+    PLANNED_SINK_TYPES,
+    SINK_TYPES,
+    SOURCE_TYPES,
+    ClickHouseSink,
+    KafkaSource,
+    Pipeline,
+    PostgresSink,
+    RoutedClickHouseSink,
+    RoutedPostgresSink,
+    SchemaLookup,
+    SinkModel,
+    SourceSchema,
+    TopicSchemas,
+)
+from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.routing import placeholders, render_name, table_sink_id, table_source_id
+from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
+from cdcsync.config.types import PgType, parse_pg_type
+from cdcsync.core.errors import ConfigError
+
+_PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def _plan(
+    sources: dict[str, KafkaSource], transforms: dict[str, TransformModel], declared: set[str], problems: list[str]
+) -> tuple[PipelinePlan, Inputs]:
+    """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
+    typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
+    invalid = declared - set(sources) - set(transforms)
+    plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
+    if transforms:
+        from cdcsync.config.compile import build_plan
+
+        streams = {sid: s.column_types() for sid, s in typed.items()}
+        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))
+        problems.extend(plan_problems)
+    planned = {step.id for step in plan.steps}
+    invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}
+    columns: dict[str, dict[str, PgType]] = {
+        sid: {n: parse_pg_type(t) if parses(t) else PgType("text") for n, t in s.columns.items()}
+        for sid, s in sources.items()
+    }
+    primary_keys: dict[str, list[str] | None] = {sid: s.primary_key for sid, s in sources.items()}
+    for step in plan.steps:
+        columns[step.id] = dict(step.columns)
+        primary_keys[step.id] = list(step.primary_key)
+    dynamic_tables = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
+    return plan, Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
+
+
+def _route_tables(
+    source_id: str,
+    source: KafkaSource,
+    found: SourceSchema | TopicSchemas | str | None,
+    sources: dict[str, KafkaSource],
+    used: dict[str, SourceSchema],
+    problems: list[str],
+) -> dict[str, str]:
+    """Add a source per table (known topic) of the ``topic_pattern`` source ``source_id``; topic -> its id."""
+    where = yaml_path("sources", source_id, "topic_pattern")
+    if isinstance(found, str):
+        problems.append(f"{where}: {found}")
+    route: dict[str, str] = {}
+    for topic, schema in sorted((found if isinstance(found, dict) else {}).items()):
+        if isinstance(schema, str):
+            problems.append(f"{where}: topic {topic}: {schema}")
+            continue
+        table_id = table_source_id(source_id, topic)
+        for name, why in schema.unmapped:
+            problems.append(
+                f"{where}: topic {topic}, column '{name}': {why}; a routed table cannot declare column types yet: "
+                "read that topic with a source of its own (topic:) and declare the type there"
+            )
+        sources[table_id] = source.model_copy(update={"topic": topic, "topic_pattern": None}).with_schema(schema)
+        used[table_id] = schema
+        route[topic] = table_id
+    return route
+
+
+def _complete_sources(
+    pipeline_name: str | None,
+    sources: dict[str, KafkaSource],
+    schema_for: SchemaLookup | None,
+    problems: list[str],
+    routes: dict[str, dict[str, str]],
+) -> dict[str, SourceSchema]:
+    """Complete each source's columns from its schema (``schema_for``), in place; the schemas used. A
+    ``topic_pattern`` source gains a source per known topic instead (listed in ``routes``)."""
+    used: dict[str, SourceSchema] = {}
+    for source_id, source in list(sources.items()):
+        where = yaml_path("sources", source_id, "columns")
+        found = schema_for(pipeline_name, source_id, source) if schema_for and pipeline_name else None
+        if source.topic_pattern is not None:
+            routes[source_id] = _route_tables(source_id, source, found, sources, used, problems)
+            continue
+        assert not isinstance(found, dict), "only topic_pattern sources have tables"
+        if isinstance(found, SourceSchema) and not source.adds_nothing(found):
+            used[source_id] = found
+            sources[source_id] = source.with_schema(found)
+            for name, why in found.unmapped:
+                if name not in source.columns:
+                    problems.append(f"{where}.{name}: {why}; declare its type here")
+        if not sources[source_id].columns:
+            problems.append(f"{where}: {found if isinstance(found, str) else NO_COLUMNS}")
+    return used
+
+
+def _route_sinks(
+    sinks: dict[str, SinkModel], routes: dict[str, dict[str, str]], problems: list[str]
+) -> dict[str, PostgresSink | ClickHouseSink]:
+    """Replace each sink fed by a ``topic_pattern`` source, in place, by one routed sink per table of that
+    source (:class:`RoutedPostgresSink`, :class:`RoutedClickHouseSink`); the declared routed sinks, by id."""
+    routed: dict[str, PostgresSink | ClickHouseSink] = {}
+    for sink_id, sink in list(sinks.items()):
+        if sink.from_ not in routes:
+            continue
+        where = yaml_path("sinks", sink_id)
+        del sinks[sink_id]
+        if type(sink) not in (PostgresSink, ClickHouseSink):
+            problems.append(
+                f"{where}.type: '{sink.type}' cannot read source '{sink.from_}', which reads a topic_pattern: only "
+                "postgres and clickhouse sinks route each of its tables to a table of their own"
+            )
+            continue
+        assert isinstance(sink, PostgresSink | ClickHouseSink)
+        refused = [("primary_key", "each routed table's key is its topic's message key")]
+        if isinstance(sink, ClickHouseSink):
+            refused += [("low_cardinality", "the tables have different columns"), ("view", "it would be one view")]
+        for key, why in refused:
+            if getattr(sink, key):
+                problems.append(f"{where}.{key}: not allowed on a sink fed by a topic_pattern: {why}")
+        templates = (
+            {"database": sink.database, "table": sink.table}
+            if isinstance(sink, ClickHouseSink)
+            else {"schema": sink.schema_, "table": sink.table}
+        )
+        used: list[str] = []
+        for key, template in templates.items():
+            try:
+                used += placeholders(template)
+            except ValueError as error:
+                problems.append(f"{where}.{key}: {error}")
+                used.append("?")
+        if "?" in used:
+            continue
+        if not {"table", "topic"} & set(used):
+            problems.append(
+                f"{where}.table: '{sink.table}' names one table for every topic of source '{sink.from_}'; use a "
+                "template such as '{schema}_{table}' or '{table}' (placeholders: {schema}, {table}, {topic})"
+            )
+            continue
+        routed[sink_id] = sink
+        model: type[RoutedPostgresSink | RoutedClickHouseSink] = (
+            RoutedClickHouseSink if isinstance(sink, ClickHouseSink) else RoutedPostgresSink
+        )
+        for topic, table_id in routes[sink.from_].items():
+            try:
+                rendered = {key: render_name(template, topic) for key, template in templates.items()}
+            except ValueError as error:
+                problems.append(f"{where}.table: {error}")
+                continue
+            values = sink.model_dump(by_alias=True, exclude={"from_", "schema_", "database", "table"})
+            values.update(rendered, routed_from=sink_id, topic=topic)
+            values["from"] = table_id
+            sinks[table_sink_id(sink_id, topic)] = model.model_validate(values)
+    return routed
+
+
+def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: SchemaLookup | None = None) -> Pipeline:
+    """Validate a parsed YAML document; raise ConfigError with every problem found.
+
+    ``schema_for`` supplies each source's schema: what ``init`` reads from the registry or topic, or what the
+    migrations recorded (``validate``, ``run``). Without it only declared ``columns:`` count."""
+    where = str(path) if path else "pipeline"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the pipeline file must be a YAML mapping with name, sources and sinks")
+    problems: list[str] = []
+    allowed_top = ["name", "sources", "transforms", "sinks"]
+    for key in raw:
+        if key not in allowed_top:
+            problems.append(
+                f"{key}: unknown key{did_you_mean(str(key), allowed_top)}; allowed: {', '.join(allowed_top)}"
+            )
+
+    name = raw.get("name")
+    if name is None:
+        problems.append("name: required key is missing (it namespaces checkpoints, ledger rows and consumer groups)")
+    elif not isinstance(name, str) or not _PIPELINE_NAME_RE.match(name):
+        problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
+
+    sources: dict[str, KafkaSource] = {}
+    sinks: dict[str, SinkModel] = {}
+    for section, registry, planned, into in (
+        ("sources", SOURCE_TYPES, (), sources),
+        ("sinks", SINK_TYPES, PLANNED_SINK_TYPES, sinks),
+    ):
+        entries = raw.get(section)
+        if not entries:
+            problems.append(f"{section}: at least one entry is required")
+            continue
+        if not isinstance(entries, dict):
+            problems.append(f"{section}: expected a mapping of id -> definition")
+            continue
+        for entry_id, entry in entries.items():
+            model, entry_problems = validate_entry(section, str(entry_id), entry, registry, planned)
+            problems.extend(entry_problems)
+            if model is not None:
+                into[str(entry_id)] = model  # type: ignore[assignment]
+
+    transforms: dict[str, TransformModel] = {}
+    raw_transforms = raw.get("transforms") or {}
+    if not isinstance(raw_transforms, dict):
+        problems.append("transforms: expected a mapping of id -> definition")
+        raw_transforms = {}
+    for transform_id, transform in raw_transforms.items():
+        model, entry_problems = validate_entry("transforms", str(transform_id), transform, TRANSFORM_TYPES, ())
+        problems.extend(entry_problems)
+        if model is not None:
+            transforms[str(transform_id)] = model  # type: ignore[assignment]
+    for duplicate in sorted({str(k) for k in raw_transforms} & {str(k) for k in raw.get("sources") or {}}):
+        problems.append(f"transforms.{duplicate}: id is already used by a source")
+
+    declared = {
+        str(k) for section in ("sources", "transforms") if isinstance(raw.get(section), dict) for k in raw[section]
+    }
+    valid_name = name if isinstance(name, str) and _PIPELINE_NAME_RE.match(name) else None
+    routes: dict[str, dict[str, str]] = {}
+    source_schemas = _complete_sources(valid_name, sources, schema_for, problems, routes)
+    tables = {table_id: pattern_id for pattern_id, route in routes.items() for table_id in route.values()}
+    for sink_id, sink in sinks.items():
+        if sink.from_ in tables:
+            problems.append(
+                f"sinks.{sink_id}.from: '{sink.from_}' is a table of topic_pattern source '{tables[sink.from_]}'; "
+                "a sink reads the pattern source (routed), or a source of its own (topic:)"
+            )
+    routed_sinks = _route_sinks(sinks, routes, problems)
+    for transform_id, transform in transforms.items():
+        for input_id in (transform.from_ or []) if isinstance(transform, SqlTransform) else []:
+            if input_id in routes or input_id in tables:
+                problems.append(
+                    f"transforms.{transform_id}.from: '{input_id}' reads a topic_pattern; SQL transforms read "
+                    "sources of one topic (topic:)"
+                )
+    for source_id, source in sources.items():
+        check_source(source_id, source, problems)
+    for transform_id, transform in transforms.items():
+        if isinstance(transform, DynamicTable):
+            check_dynamic_table(transform_id, transform, problems)
+    plan, inputs = _plan(sources, transforms, declared, problems)
+    check_sinks(str(name), sinks, plan, inputs, problems)
+
+    if problems:
+        raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
+    return Pipeline(
+        name=name,
+        sources=sources,
+        transforms=transforms,
+        sinks=sinks,
+        path=path,
+        plan=plan,
+        source_schemas=source_schemas,
+        routes=routes,
+        routed_sinks=routed_sinks,
+    )
+
+
+def load_pipeline(path: Path, schema_for: SchemaLookup | None = None) -> Pipeline:
+    """Read and validate a pipeline file (``schema_for``: see :func:`validate_pipeline_dict`)."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such pipeline file") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the pipeline file: {error.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
+    return validate_pipeline_dict(raw, path, schema_for)
