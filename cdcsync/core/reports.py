@@ -181,6 +181,9 @@ class ReportedFailure(RuntimeError):
         token = base64.urlsafe_b64encode(report.encode().encode()).decode("ascii")
         super().__init__(f"{report.describe()} {_TOKEN_PREFIX}{token}]")
 
+    def __reduce__(self) -> tuple[type[ReportedFailure], tuple[Report]]:
+        return ReportedFailure, (self.report,)  # pickled with its report, not its text
+
 
 def find_report(text: str) -> Report | None:
     """The report inside an executor failure's text (Spark's wrapping of a :class:`ReportedFailure`), or None.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_every_kind_round_trips_through_its_encoding_and_through_spark_text(repo
     assert str(failure).startswith(report.describe())
     assert find_report(spark_text(failure)) == report
     assert without_tokens(str(failure)) == report.describe()
+    assert pickle.loads(pickle.dumps(failure)).report == report
 
 
 def test_every_kind_becomes_its_driver_error_with_the_contracted_exit_code() -> None:
