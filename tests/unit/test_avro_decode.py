@@ -514,7 +514,7 @@ def test_a_union_of_several_types_is_read_by_value(registry: Any) -> None:
         ("double", "bigint", 1.5, ("column 'v'", "1.5 is not a valid bigint (not an integer)")),
         (connect_decimal(2), "bigint", signed(150), ("column 'v'", "1.50 is not a valid bigint (not an integer)")),
         ("double", "date", 1e20, ("column 'v'", "not a valid date")),
-        (connect("long", "io.debezium.time.MicroTimestamp"), "timestamptz", 2**62, ("column 'v'", "out of range")),
+        (connect("long", "io.debezium.time.MicroTimestamp"), "timestamptz", 2**63 - 1, ("column 'v'", "out of range")),
         (
             connect("long", "io.debezium.time.MicroTime"),
             "time",

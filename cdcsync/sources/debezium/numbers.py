@@ -29,9 +29,27 @@ from cdcsync.sources.debezium.values import (
     show,
 )
 
-_FLOAT32_MAX = 3.4028234663852886e38
-_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_NUMERIC_WORDS = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+"""The smallest magnitude that rounds to infinity as a float32: FLT_MAX plus half a unit in the last place. A
+``real`` travels as its shortest decimal (``3.4028235E38`` for FLT_MAX), which as a double lies just above FLT_MAX
+yet rounds back to it, so the range check is against this, not FLT_MAX."""
+# Postgres' spellings, and Debezium's in decimal.handling.mode=string (NAN, POSITIVE_INFINITY, NEGATIVE_INFINITY).
+_FLOAT_WORDS = {
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+    "NAN": math.nan,
+    "POSITIVE_INFINITY": math.inf,
+    "NEGATIVE_INFINITY": -math.inf,
+}
+_NUMERIC_WORDS = {
+    "NaN": "NaN",
+    "Infinity": "Infinity",
+    "-Infinity": "-Infinity",
+    "NAN": "NaN",
+    "POSITIVE_INFINITY": "Infinity",
+    "NEGATIVE_INFINITY": "-Infinity",
+}
 _DECIMAL_PARTS_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?")
 
 
@@ -76,7 +94,7 @@ def float_converter(pg: PgType) -> Converter:
             return None
         else:
             raise bad(value, expected, "not a number")
-        if single and math.isfinite(result) and abs(result) > _FLOAT32_MAX:
+        if single and math.isfinite(result) and abs(result) >= _FLOAT32_OVERFLOW:
             raise Reject(f"{show(value)} is out of range for {expected}")
         return result
 
@@ -183,6 +201,11 @@ def numeric_converter(name: str, pg: PgType) -> Converter:
         if isinstance(parts, str):
             if parts == "NaN" and not spark_decimal:
                 return "NaN"
+            if parts == "NaN":  # Postgres keeps NaN in numeric(p,s); Spark's decimal(p,s) cannot
+                raise Reject(
+                    f"{show(value)} cannot be carried as {expected} (Spark's decimal has no NaN); declare the "
+                    "column as numeric without precision under columns: to carry NaN"
+                )
             raise Reject(f"{show(value)} does not fit {expected} (not a finite number)")
         coefficient, exponent = parts
         shift = exponent + scale
