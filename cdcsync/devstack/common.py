@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cdcsync.config.settings import DevStackSettings
 from cdcsync.core.errors import ServiceError
+
+_DEFAULTS = DevStackSettings()
+"""The ports and names the settings default to: one place for both."""
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,17 +33,17 @@ class DevStackConfig:
     """Where the dev stack keeps its state and which loopback ports it binds."""
 
     state_dir: Path
-    postgres_port: int = 54329
-    kafka_port: int = 19092
-    kafka_controller_port: int = 19093
-    clickhouse_port: int = 18123
-    schema_registry_port: int = 18081
-    connect_port: int = 18083
+    postgres_port: int = _DEFAULTS.postgres_port
+    kafka_port: int = _DEFAULTS.kafka_port
+    kafka_controller_port: int = _DEFAULTS.kafka_controller_port
+    clickhouse_port: int = _DEFAULTS.clickhouse_port
+    schema_registry_port: int = _DEFAULTS.schema_registry_port
+    connect_port: int = _DEFAULTS.connect_port
     """Kafka Connect's REST API, for ``dev up --with-debezium``."""
-    debezium_database: str = "cdcsync_source"
+    debezium_database: str = _DEFAULTS.debezium_database
     """The database the default Debezium connector captures; also its topic prefix."""
-    debezium_format: str = "json"
-    debezium_schemas_enable: bool = True
+    debezium_format: str = _DEFAULTS.debezium_format
+    debezium_schemas_enable: bool = _DEFAULTS.debezium_schemas_enable
     """JsonConverter ``schemas.enable``: the schema/payload wrapper that carries decimal scales."""
     startup_timeout_s: float = 120.0
     cache_dir: Path | None = None
