@@ -31,6 +31,7 @@ from cdcsync.core.errors import (
     CdcsyncError,
     NewTopicError,
     SchemaChangeError,
+    ServiceError,
     SinkError,
     UndecodableMessage,
 )
@@ -49,6 +50,9 @@ class Kind(str, Enum):
     """fields: reason; once located, topic, partition, offset."""
     WRITE_FAILED = "write_failed"
     """fields: message (what was being written, and the error), retriable (whether a retry may help)."""
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    """fields: message. A service the decoder needs (the schema registry) was down, refused the credentials or
+    answered 5xx past its retry budget: an infrastructure fault, never a dead letter; the batch is replayed."""
 
 
 _TOKEN_PREFIX = "[cdcsync-report:"
@@ -93,7 +97,7 @@ class Report:
             if "topic" in f:
                 return f"message at {f['topic']}/{f['partition']}@{f['offset']} could not be decoded: {f['reason']}"
             return str(f["reason"])
-        if self.kind is Kind.WRITE_FAILED:
+        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE):
             return str(f["message"])
         if self.kind is Kind.SCHEMA_CHANGE and "topic" not in f:
             changes = [f"new field {name!r}" for name in f["added"]]
@@ -130,6 +134,12 @@ class Report:
                 hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
             )
         message = f"{doing}: {f['message']}" if doing else str(f["message"])
+        if self.kind is Kind.SERVICE_UNAVAILABLE:
+            return ServiceError(
+                message,
+                hint="nothing was dead-lettered or merged: the batch is read again when the run is started again",
+                retriable=True,
+            )
         return SinkError(message, retriable=bool(f["retriable"]))
 
 
@@ -157,6 +167,10 @@ def new_topic(source_id: str, topic: str, partition: int, offset: int) -> Report
 
 def write_failed(message: str, *, retriable: bool) -> Report:
     return Report(Kind.WRITE_FAILED, {"message": message, "retriable": retriable})
+
+
+def service_unavailable(message: str) -> Report:
+    return Report(Kind.SERVICE_UNAVAILABLE, {"message": message})
 
 
 def first_to_raise(reports: Iterable[Report]) -> Report | None:

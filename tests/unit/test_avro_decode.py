@@ -23,7 +23,8 @@ import pytest
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.types import parse_pg_type
-from cdcsync.core.errors import DecodeError
+from cdcsync.core.errors import DecodeError, ServiceError
+from cdcsync.core.reports import Kind, ReportedFailure
 from cdcsync.devstack import workload
 from cdcsync.sources.debezium import avro_registry
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess, strip_logical_types
@@ -667,29 +668,29 @@ def test_transient_registry_failures_are_retried_with_backoff(registry: Any) -> 
     assert time.monotonic() - started >= 0.2 + 0.3  # two backoffs, the second capped by the remaining budget
 
 
-def test_an_unreachable_registry_gives_up_after_its_budget_once_per_task(registry: Any) -> None:
+def test_an_unreachable_registry_fails_the_task_after_its_budget_and_dead_letters_nothing(registry: Any) -> None:
+    """An infrastructure fault is never a dead letter: the task fails with a report the driver retries, and
+    in the end stops the run with (exit 1); the batch is read again by the next run."""
     fake, access = registry
     schema = envelope(BASIC_FIELDS)
     fake.failures = [ConnectionRefusedError(111, "Connection refused")] * 100
     spec = spec_for(access, BASIC_COLUMNS)
     messages = [(None, encode(i, schema, change("c", after={"id": i, "name": "a", "qty": 1}))) for i in (1, 2)]
     started = time.monotonic()
-    rows = decode(spec, messages)
+    with pytest.raises(ReportedFailure) as raised:
+        decode(spec, messages)
     elapsed = time.monotonic() - started
     assert 0.5 <= elapsed < 3
-    assert_dead(
-        rows[0],
-        spec,
-        "schema registry at http://fake-registry-",
-        "unreachable",
-        "writer schema id 1",
-        "Connection refused",
-    )
-    assert_dead(rows[1], spec, "writer schema id 2 not fetched", "unreachable", "not retried again in this task")
+    report = raised.value.report
+    assert report.kind is Kind.SERVICE_UNAVAILABLE
+    for fragment in ("schema registry at http://fake-registry-", "unreachable", "writer schema id 1", "refused"):
+        assert fragment in report.describe()
+    error = report.error("decoding batch 3")
+    assert isinstance(error, ServiceError) and error.retriable
     assert set(fake.calls) == {1}
 
 
-def test_a_refusing_registry_names_the_status_and_never_the_password() -> None:
+def test_a_refusing_registry_fails_the_task_naming_the_status_and_never_the_password() -> None:
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     access = SchemaRegistryAccess("http://bob:hunter2@fake-auth:8081", basic_auth_user_info=None, retry_timeout_s=5)
@@ -698,17 +699,16 @@ def test_a_refusing_registry_names_the_status_and_never_the_password() -> None:
     avro_registry._CLIENTS[access] = fake
     try:
         spec = spec_for(access, BASIC_COLUMNS)
-        row = only(decode(spec, [(None, b"\x00\x00\x00\x00\x01\x00")]))
+        with pytest.raises(ReportedFailure) as raised:
+            decode(spec, [(None, b"\x00\x00\x00\x00\x01\x00")])
     finally:
         avro_registry._CLIENTS.pop(access, None)
-    assert_dead(
-        row, spec, "refused writer schema id 1", "HTTP 401", "BASIC_AUTH_USER_INFO", "http://***@fake-auth:8081"
-    )
-    assert "hunter2" not in row["_dlq_reason"] and "bob" not in row["_dlq_reason"]
+    text = str(raised.value)
+    for fragment in ("refused writer schema id 1", "HTTP 401", "BASIC_AUTH_USER_INFO", "http://***@fake-auth:8081"):
+        assert fragment in text
+    assert "hunter2" not in text and "bob" not in text
+    assert raised.value.report.kind is Kind.SERVICE_UNAVAILABLE
     assert fake.calls == [1]  # a refusal is not retried
-
-
-# ---- keys --------------------------------------------------------------------------------------------------------
 
 
 def test_avro_keys_give_the_key_columns_when_no_primary_key_is_declared(registry: Any) -> None:

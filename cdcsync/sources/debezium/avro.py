@@ -22,7 +22,7 @@ from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
-from cdcsync.core.reports import Report
+from cdcsync.core.reports import Report, ReportedFailure, service_unavailable
 from cdcsync.sources.debezium.avro_registry import (
     MAX_REASON,
     NotFound,
@@ -155,9 +155,8 @@ class AvroPlan(RowPlan):
         self.begin_task()
 
     def begin_task(self) -> None:
-        """Unknown schema ids are asked again, and an unreachable registry waited for again, in each task."""
+        """Unknown schema ids are asked again in each task."""
         self._task_failures: dict[int, str] = {}
-        self._unreachable: str | None = None
 
     def _reader(self, raw: bytes, what: str) -> _Reader | str:
         schema_id = int.from_bytes(raw[1:HEADER_BYTES], "big")
@@ -167,19 +166,13 @@ class AvroPlan(RowPlan):
             return found
         if schema_id in self._task_failures:
             return self._task_failures[schema_id]
-        if self._unreachable is not None:
-            return (
-                f"{what}: writer schema id {schema_id} not fetched: {self._unreachable} "
-                "(not retried again in this task)"
-            )[:MAX_REASON]
         try:
             writer = writer_schema(self.access, schema_id)
         except NotFound as error:
             self._task_failures[schema_id] = f"{what}: {error}"[:MAX_REASON]
             return self._task_failures[schema_id]
-        except Unavailable as error:
-            self._unreachable = str(error)
-            return f"{what}: {error}"[:MAX_REASON]
+        except Unavailable as error:  # the registry's fault, not the message's: fail the task, dead-letter nothing
+            raise ReportedFailure(service_unavailable(f"{what}: {error}"[:MAX_REASON])) from None
         if isinstance(writer, str):
             found = f"{what}: {writer}"[:MAX_REASON]
         else:

@@ -7,8 +7,9 @@ the annotations decide the mapping instead (:mod:`cdcsync.sources.debezium.avro_
 
 * A schema id the registry does not know (HTTP 404) is asked again in the next task, never cached.
 * The registry being unreachable (connection refused or reset, timeouts, HTTP 408/429/5xx) is retried with
-  exponential backoff for ``retry_timeout_s``; then the message is dead-lettered with a reason that says the
-  registry was unreachable.
+  exponential backoff for ``retry_timeout_s``; then, as when it refuses the credentials (HTTP 401/403), the task
+  fails with a ``service_unavailable`` report: an infrastructure fault is never a dead letter, the driver retries
+  the batch and in the end stops the run (exit 1), and the batch is read again by the next run.
 * Registry credentials (``basic.auth.user.info``, a password in the URL, password-like client options) never
   appear in ``repr``, logs or dead-letter reasons.
 """
@@ -134,7 +135,7 @@ class NotFound(Exception):
 
 
 class Unavailable(Exception):
-    """The registry could not be reached within the retry budget."""
+    """The registry could not be reached within the retry budget, or refused the credentials."""
 
 
 _CLIENTS: dict[SchemaRegistryAccess, Any] = {}
@@ -206,16 +207,19 @@ def _fetch(access: SchemaRegistryAccess, schema_id: int) -> Any:
                     f"(HTTP 404, error code {error.error_code}): the message was written against another "
                     "registry, or the schema was deleted"
                 ) from None
+            if status in (401, 403):  # a retry will not help; neither is it the message's fault
+                raise Unavailable(
+                    access.scrub(
+                        f"the schema registry at {access.shown_url} refused writer schema id {schema_id}: "
+                        f"HTTP {status}, error code {error.error_code}: {error.error_message} (check "
+                        "CDCSYNC__SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO and the registry's permissions)"
+                    )
+                ) from None
             if status not in _RETRIABLE_HTTP:
-                hint = (
-                    " (check CDCSYNC__SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO and the registry's permissions)"
-                    if status in (401, 403)
-                    else ""
-                )
                 raise NotFound(
                     access.scrub(
                         f"the schema registry at {access.shown_url} refused writer schema id {schema_id}: "
-                        f"HTTP {status}, error code {error.error_code}: {error.error_message}{hint}"
+                        f"HTTP {status}, error code {error.error_code}: {error.error_message}"
                     )
                 ) from None
             last = f"HTTP {status}: {error.error_message}"

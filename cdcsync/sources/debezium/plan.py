@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
-from cdcsync.core.reports import Report, undecodable
+from cdcsync.core.reports import Report, ReportedFailure, undecodable
 from cdcsync.sources.debezium.converters import converter_for
 from cdcsync.sources.debezium.envelope import (
     PAYLOAD_HEAD,
@@ -223,6 +223,8 @@ class RowPlan:
                 continue
             try:
                 result = decode(raw, keys_in[i])
+            except ReportedFailure:  # an infrastructure fault (the registry): fail the task, dead-letter nothing
+                raise
             except Exception as error:  # a decoder bug must not fail the query: dead-letter the message
                 result = f"decoder error: {type(error).__name__}: {error}"[:300]
             sources.append(i)
