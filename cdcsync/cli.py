@@ -143,7 +143,7 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
     `columns:` override them. Only what is new gets a file; destructive changes are refused (exit 2).
     """
     from cdcsync import migrations
-    from cdcsync.sources.introspect import init_lookup
+    from cdcsync.sources.introspect import init_lookup, truncate_note
 
     settings = _settings(migrations_dir)
     notes: list[str] = []
@@ -160,6 +160,9 @@ def init(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) ->
         up_to_date = up_to_date and result.up_to_date
     if not up_to_date:
         out.print(f"review them, then apply with `cdcsync migrate {pipeline_file}` (or psql -f)", highlight=False)
+        truncates = truncate_note(pipeline)
+        if truncates:
+            err.print(f"[yellow]note:[/] {escape(truncates)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -168,7 +168,8 @@ def connector_config(
     publication covers all tables (``all_tables``, needs a superuser) so tables created later are captured too,
     and ``schemas`` (default ``public``) decides which of them Debezium publishes. Decimals stay exact
     (``precise``, which needs schemas in the JSON to carry the scale), times follow the column precision
-    (``adaptive``), a new slot starts with a snapshot (``initial``). ``overrides`` win over everything.
+    (``adaptive``), a new slot starts with a snapshot (``initial``), and truncates are published
+(``skipped.operations=none``; Debezium's default skips them). ``overrides`` win over everything.
 
     ``value_format="avro"`` writes keys and values with Apicurio's AvroConverter in the Confluent wire format,
     registering schemas in the Apicurio Registry whose Confluent-compatible API is at ``schema_registry_url`` (like
@@ -197,6 +198,7 @@ def connector_config(
         "decimal.handling.mode": "precise",
         "time.precision.mode": "adaptive",
         "tombstones.on.delete": "true",
+        "skipped.operations": "none",  # Debezium skips truncates by default; cdcsync applies them in order
     }
     if value_format == "avro":
         assert schema_registry_url is not None

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import KafkaSource, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.pipeline import KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
 from cdcsync.sources.debezium.connect import connect_pg_type, row_fields, struct_fields
 
 if TYPE_CHECKING:
@@ -294,3 +294,17 @@ def matching_topics(pattern: str, settings: Settings, timeout_s: float = TIMEOUT
     except (KafkaException, ValueError, TypeError) as error:
         return f"Kafka at {settings.bootstrap_servers} did not list its topics: {error}"
     return sorted(topic for topic in metadata.topics if not topic.startswith("__") and matches(pattern, topic))
+
+
+def truncate_note(pipeline: Pipeline) -> str | None:
+    """What ``init`` reminds a user of when sinks apply truncates: Debezium publishes none unless told to."""
+    applying = sorted(
+        sink_id for sink_id, sink in pipeline.postgres_sinks().items() if getattr(sink, "on_truncate", "") == "apply"
+    )
+    if not applying:
+        return None
+    return (
+        f"sink(s) {', '.join(applying)} apply source TRUNCATEs (on_truncate: apply), but Debezium's Postgres "
+        "connector skips them unless its config sets skipped.operations=none (its default is t); set it, or set "
+        "on_truncate: ignore to say that truncates are not expected"
+    )

@@ -22,6 +22,7 @@ def test_connector_config_defaults_and_filters() -> None:
     assert config["decimal.handling.mode"] == "precise"
     assert config["time.precision.mode"] == "adaptive"
     assert config["snapshot.mode"] == "initial"
+    assert config["skipped.operations"] == "none"  # truncates are published (Debezium's default skips them)
     assert config["value.converter.schemas.enable"] == "true"
     assert "database.password" not in config
 
