@@ -68,6 +68,9 @@ SchemaLookup = Callable[[str, str, "KafkaSource"], "SourceSchema | TopicSchemas 
 for a ``topic_pattern`` source, the schema of each matching topic it knows."""
 
 
+_PARTITION_SPLITTING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
+
+
 class KafkaSource(_Model):
     """A Debezium changelog topic."""
 
@@ -113,6 +116,21 @@ class KafkaSource(_Model):
         if problem is not None:
             raise ValueError(problem)
         return pattern
+
+    @field_validator("options")
+    @classmethod
+    def _one_task_per_partition(cls, options: dict[str, str]) -> dict[str, str]:
+        # Within a batch, a key's changes are ordered, collapsed and their TOAST placeholders filled by the one
+        # task that reads its partition; Spark options that split a partition's offsets over several tasks would
+        # let a key's changes race each other in different tasks.
+        for name in options:
+            if name.lower() in _PARTITION_SPLITTING_OPTIONS:
+                raise ValueError(
+                    f"'{name}' is not supported: it splits one Kafka partition over several Spark tasks, and cdcsync "
+                    "orders each key's changes within the task that reads its partition; to use more cores, give "
+                    "the topic more partitions"
+                )
+        return options
 
     @field_validator("columns")
     @classmethod

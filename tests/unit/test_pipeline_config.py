@@ -131,6 +131,16 @@ def test_composite_keys_are_lists() -> None:
         ),
         ("sources.orders.columns", {}, "sources.orders.columns:"),
         (
+            "sources.orders.options",
+            {"minPartitions": "8"},
+            "sources.orders.options: 'minPartitions' is not supported: it splits one Kafka partition",
+        ),
+        (
+            "sources.orders.options",
+            {"maxRecordsPerPartition": "1000"},
+            "sources.orders.options: 'maxRecordsPerPartition'",
+        ),
+        (
             "sources.orders.columns",
             {"id": "bigint", "x": "bignum"},
             "sources.orders.columns.x: 'bignum' is not a Postgres type",
