@@ -307,7 +307,11 @@ def status(pipeline_file: PipelineArg) -> None:
         sinks.add_row(Text(sink.sink), Text(sink.target), last_batch, committed, f"{sink.rows:,}")
     out.print(sinks)
     if report.dead_letters:
-        out.print(f"dead letters: {report.dead_letters}")
+        out.print(
+            f"dead letters: {report.dead_letters} message(s) in cdcsync.dead_letters, {report.dead_letter_keys} key(s) "
+            "whose target rows may be stale or missing until they are applied",
+            highlight=False,
+        )
     running = f"{report.running.describe()} holds the pipeline's lock" if report.running else "none"
     out.print(f"running: {running}", highlight=False)
 

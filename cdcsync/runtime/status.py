@@ -47,6 +47,8 @@ class PipelineStatus:
     partitions: list[PartitionStatus]
     sinks: list[SinkStatus]
     dead_letters: int
+    dead_letter_keys: int = 0
+    """Distinct (topic, message key) among the dead letters: targets whose rows for them may be stale."""
     running: LockHolder | None = None
     """The run holding the pipeline's lock, None when no run is streaming it."""
 
@@ -144,7 +146,8 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
             f"reading sink status from Postgres at {redact_dsn(settings.postgres_dsn)}: {str(error).strip()}",
             retriable=True,
         ) from None
-    return PipelineStatus(partitions, sinks, int(dead[0]) if dead else 0, running)
+    messages, keys = (int(dead[0]), int(dead[1])) if dead else (0, 0)
+    return PipelineStatus(partitions, sinks, messages, keys, running)
 
 
 def _clickhouse_status(

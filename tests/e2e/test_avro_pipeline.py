@@ -93,6 +93,8 @@ def test_unknown_schema_ids_and_truncated_bodies_are_dead_letters_or_stop_the_ru
     for topic, partition, offset, value, _reason in dead:  # each dead letter names where its message is
         assert topic == topic_name
         assert _message_at(kafka_bootstrap, topic, partition, offset) == bytes(value)
+    status = project.cdcsync("status", str(project.pipeline_file)).stdout
+    assert "dead letters: 2 message(s)" in status and "1 key(s)" in status, status  # both carry one key
 
     failing = _avro_project(make_project, schema_registry_url, "avro_fail", topic_name, on_decode_error="fail")
     failing.prepare()
