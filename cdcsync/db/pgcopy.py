@@ -16,13 +16,17 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.core.temporal import date_text, timestamp_text
+from cdcsync.core.temporal import (
+    PYTHON_MAX_DAYS,
+    PYTHON_MAX_MICROS,
+    PYTHON_MIN_DAYS,
+    PYTHON_MIN_MICROS,
+    date_text,
+    timestamp_text,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-_PYARROW_DAYS = (-719_162, 2_932_896)  # 0001-01-01 and 9999-12-31: what pyarrow prints, and Python's date holds
-_PYARROW_MICROS = (_PYARROW_DAYS[0] * 86_400_000_000, (_PYARROW_DAYS[1] + 1) * 86_400_000_000 - 1)
 
 
 def _element_text(value: Any) -> str:
@@ -87,7 +91,7 @@ def temporal_as_text(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunked
     integers = array.cast(pa.int32() if is_date else pa.int64())
     extremes = pc.min_max(integers)
     low, high = extremes["min"].as_py(), extremes["max"].as_py()
-    safe_low, safe_high = _PYARROW_DAYS if is_date else _PYARROW_MICROS
+    safe_low, safe_high = (PYTHON_MIN_DAYS, PYTHON_MAX_DAYS) if is_date else (PYTHON_MIN_MICROS, PYTHON_MAX_MICROS)
     if low is None or (safe_low <= low and high <= safe_high):
         return array
     with_time_zone = not is_date and array.type.tz is not None

@@ -14,9 +14,10 @@ import binascii
 import json
 import math
 from collections.abc import Callable
-from datetime import date
 from decimal import Decimal
 from typing import Any
+
+from cdcsync.core.temporal import MICROS_PER_DAY, PYTHON_MAX_MICROS, PYTHON_MIN_MICROS
 
 try:  # orjson is ~3x faster than the standard library; both give the same Python values for valid JSON.
     import orjson as _orjson
@@ -57,11 +58,9 @@ TIME_UNITS: dict[str, int] = {
     "io.debezium.time.NanoTime": -1000,
 }
 
-US_PER_DAY = 86_400_000_000
-MIN_DAYS = (date(1, 1, 1) - date(1970, 1, 1)).days  # -719162
-MAX_DAYS = (date(9999, 12, 31) - date(1970, 1, 1)).days  # 2932896
-MIN_US = MIN_DAYS * US_PER_DAY
-MAX_US = (MAX_DAYS + 1) * US_PER_DAY - 1
+US_PER_DAY = MICROS_PER_DAY
+MIN_US = PYTHON_MIN_MICROS  # years 1-9999: where a timestamp can be a Python datetime
+MAX_US = PYTHON_MAX_MICROS
 INT_RANGES = {"smallint": 2**15, "integer": 2**31, "bigint": 2**63}
 """Postgres integer types by the bound of their range: -bound ... bound - 1."""
 
