@@ -45,6 +45,18 @@ DEBEZIUM_VERSION = "3.5.0.Final"
 DEBEZIUM_POSTGRES_PLUGIN = Artifact(
     "io.debezium", "debezium-connector-postgres", DEBEZIUM_VERSION, classifier="plugin", ext="tar.gz", transitive=False
 )
+# Debezium's JDBC sink connector, only for the side-by-side benchmark (``make bench-peer``): the peer cdcsync is
+# measured against. 3.6.0 is the version that comparison was first made with; its plugin tarball carries Kafka 4.3's
+# client and Connect API jars, but Connect's plugin isolation loads those classes from the 4.1.2 worker.
+DEBEZIUM_JDBC_SINK_VERSION = "3.6.0.Final"
+DEBEZIUM_JDBC_SINK_PLUGIN = Artifact(
+    "io.debezium",
+    "debezium-connector-jdbc",
+    DEBEZIUM_JDBC_SINK_VERSION,
+    classifier="plugin",
+    ext="tar.gz",
+    transitive=False,
+)
 # Avro for the dev stack's Debezium: Confluent's AvroConverter is not on Maven Central, Apicurio's is, and writes
 # the Confluent wire format through Apicurio Registry's v2 API (the dev stack runs that registry).
 # 2.6.x is the last line with the v2 REST client and `as-confluent`; it goes into the connector's own plugin
@@ -169,6 +181,11 @@ def debezium_postgres_plugin_jars(cache_dir: Path | None = None) -> list[Path]:
         home=_ivy_home(cache_dir),
     )
     return [*connector_jars, *converter_jars]
+
+
+def debezium_jdbc_sink_plugin_jars(cache_dir: Path | None = None) -> list[Path]:
+    """Debezium's JDBC sink plugin tarball as it is (its own ServiceLoader manifests, the Postgres JDBC driver)."""
+    return sorted((_unpacked(DEBEZIUM_JDBC_SINK_PLUGIN, cache_dir) / "debezium-connector-jdbc").glob("*.jar"))
 
 
 def apicurio_registry_runner(cache_dir: Path | None = None) -> Path:
