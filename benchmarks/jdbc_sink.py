@@ -1,4 +1,4 @@
-"""Debezium's JDBC sink connector in a Kafka Connect worker of the benchmark's own, for ``benchmarks/peer_jdbc_sink.py``.
+"""Debezium's JDBC sink connector in a Kafka Connect worker of the benchmark's own (``benchmarks/peer_jdbc_sink.py``).
 
 The worker is the dev stack's (:class:`cdcsync.devstack.debezium.KafkaConnect`: Connect standalone of the broker's
 Kafka version, jars from the cdcsync cache) with Debezium's JDBC sink plugin tarball as its only plugin, a JVM sized
@@ -81,7 +81,8 @@ def connector_config(
 
 def jdbc_url(conninfo: Mapping[str, Any]) -> str:
     """The JDBC URL of the database a libpq conninfo (as :func:`psycopg.conninfo.conninfo_to_dict` gives) names."""
-    return f"jdbc:postgresql://{conninfo.get('host') or '127.0.0.1'}:{conninfo.get('port') or 5432}/{conninfo['dbname']}"
+    host, port = conninfo.get("host") or "127.0.0.1", conninfo.get("port") or 5432
+    return f"jdbc:postgresql://{host}:{port}/{conninfo['dbname']}"
 
 
 @contextlib.contextmanager

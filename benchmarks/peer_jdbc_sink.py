@@ -294,7 +294,7 @@ def run_cdcsync(
         wall_s = time.monotonic() - started
     finally:
         spark.stop()
-    one = SystemRun("cdcsync", streaming_s, wall_s, f"{batches} micro-batches")
+    one = SystemRun("cdcsync", streaming_s, wall_s, f"micro-batches: {batches}")
     _verify(one, dsn, "app", load, arrival)
     print(f"cdcsync: {streaming_s:.1f}s from its first micro-batch, {wall_s:.1f}s wall; {one.vs_source.describe()}")
     return one
