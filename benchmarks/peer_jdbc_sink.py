@@ -380,7 +380,7 @@ def _verify(
 def print_table(runs: Sequence[SystemRun], changes: int, with_replays: bool) -> None:
     """One column per system, and ``ratio``: how many times faster cdcsync is (only when both ran)."""
     both = len(runs) == 2
-    header = f"{'':40}" + "".join(f"{one.name:>22}" for one in runs) + (f"{'ratio':>10}" if both else "")
+    header = f"{'':42}" + "".join(f"{one.name:>26}" for one in runs) + (f"{'ratio':>10}" if both else "")
     print()
     print(header)
     print("-" * len(header))
@@ -391,18 +391,18 @@ def print_table(runs: Sequence[SystemRun], changes: int, with_replays: bool) -> 
         ("  changes/s", lambda one: changes / one.wall_s, "rate"),
     ]
     for label, value, kind in timed:
-        cells = "".join(f"{value(one):>22,.1f}" if kind == "s" else f"{value(one):>22,.0f}" for one in runs)
+        cells = "".join(f"{value(one):>26,.1f}" if kind == "s" else f"{value(one):>26,.0f}" for one in runs)
         ratio = ""
         if both:
             a, b = value(runs[0]), value(runs[1])
             ratio = f"{(b / a if kind == 's' else a / b):>9.2f}x"
-        print(f"{label:40}{cells}{ratio}")
-    print(f"{'':40}" + "".join(f"{one.detail:>22}" for one in runs))
-    print(f"{'ends equal to the source':40}" + "".join(f"{_yes_no(one.vs_source):>22}" for one in runs))
+        print(f"{label:42}{cells}{ratio}")
+    print(f"{'':42}" + "".join(f"{one.detail:>26}" for one in runs))
+    print(f"{'ends equal to the source':42}" + "".join(f"{_yes_no(one.vs_source):>26}" for one in runs))
     if with_replays:
         print(
-            f"{'ends equal to arrival order (replays won)':40}"
-            + "".join(f"{_yes_no(one.vs_arrival):>22}" for one in runs)
+            f"{'ends equal to arrival order (replays won)':42}"
+            + "".join(f"{_yes_no(one.vs_arrival):>26}" for one in runs)
         )
     for one in runs:
         if not one.vs_source.equal:
