@@ -63,15 +63,16 @@ class LedgeredSink:
     def landed(self, conn: Any, ledger_key: dict[str, Any]) -> bool:
         """Whether the ledger holds this batch with the same offset ranges (so it is skipped).
 
-        Raises :class:`CheckpointAheadError` when the sink has batches of this checkpoint but not the previous
-        one, which Spark committed before it started this one: the target lost it.
+        Raises :class:`CheckpointAheadError` when the sink has earlier batches of this checkpoint but not the
+        previous one, which Spark committed before it started this one: the target lost it. (A sink whose batches
+        start later, a new table's or one whose checkpoint was rewound to the start, has no earlier batch.)
         """
         row = conn.execute(self._ledger_lookup_sql, ledger_key).fetchone()
-        landed, previous, started = row if row else (False, False, False)
+        landed, previous, earlier = row if row else (False, False, False)
         if landed:
             return True
         batch_id = ledger_key["batch_id"]
-        if batch_id > 0 and started and not previous:
+        if earlier and not previous:
             pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
             raise CheckpointAheadError(
                 f"{self.label}: the ledger lacks batch {batch_id - 1}, which Spark's checkpoint committed before "

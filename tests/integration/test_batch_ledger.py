@@ -66,6 +66,9 @@ def test_a_ledger_that_lost_the_previous_batch_stops_the_batch(postgres_dsn: str
     assert "cdcsync rewind" in (behind.value.hint or "")
     assert 3 not in target(sink)
     assert sink.prepare(sink.ledger_key(0, "a new checkpoint", ranges(0, 1)))  # a fresh checkpoint starts at 0
+    # A sink that starts later (a topic_pattern's new table, a checkpoint rewound to its start) has no earlier
+    # batch, so nothing was lost before its first one.
+    assert sink.prepare(sink.ledger_key(7, "a new checkpoint", ranges(7, 8)))
 
 
 # ---- the checkpoint against the ledger --------------------------------------------------------------------------
