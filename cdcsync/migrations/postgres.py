@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
-INTERNAL_VERSION = 3
+INTERNAL_VERSION = 4
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
-trigger function. States without it are version 1."""
+trigger function, 4 the ``offsets`` column of ``batch_ledger``. States without it are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -43,6 +43,12 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
         "internal_dynamic_tables.sql.j2",
         names.DYNAMIC_TABLE_CHANGES_TABLE,
         "the change counter of dynamic tables, and the trigger function bumping it",
+    ),
+    (
+        4,
+        "internal_ledger_offsets.sql.j2",
+        names.BATCH_LEDGER_TABLE,
+        'new column "offsets": the Kafka offset ranges each batch read',
     ),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""

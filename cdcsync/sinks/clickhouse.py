@@ -219,14 +219,14 @@ class ClickHouseTableSink(LedgeredSink):
         return f"{self.sink.database}.{self.sink.table}"
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
-        """False when the Postgres ledger already holds this batch (it landed before)."""
+        """False when the Postgres ledger already holds this batch with the same offset ranges (it landed before)."""
         import psycopg
 
         from cdcsync.db.retry import classify_postgres_error
 
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return conn.execute(self._ledger_lookup_sql, ledger_key).fetchone() is None
+                return not self.landed(conn, ledger_key)
         except psycopg.Error as error:
             raise SinkError(
                 f"preparing batch {ledger_key['batch_id']}: {first_line(error)}",

@@ -215,12 +215,13 @@ class PostgresUpsertSink(LedgeredSink):
         return f"{self.sink.schema_}.{self.sink.table}"
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
-        """False when the ledger already holds this batch; else empty the stage of a crashed attempt's rows."""
+        """False when the ledger already holds this batch (same offset ranges); else empty the stage of a crashed
+        attempt's rows."""
         import psycopg
 
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
+                if self.landed(conn, ledger_key):
                     return False
                 conn.execute(self._truncate_sql)
         except psycopg.Error as error:
@@ -239,7 +240,8 @@ class PostgresUpsertSink(LedgeredSink):
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:
-        """Merge the staged batch and record it in the ledger, in one transaction; None if it was merged before."""
+        """Merge the staged batch and record it (with its offset ranges) in the ledger, in one transaction; None if
+        another attempt merged it (the same ranges) first."""
         import psycopg
 
         batch_id = ledger_key["batch_id"]

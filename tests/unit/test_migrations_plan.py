@@ -412,7 +412,7 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
 
 @pytest.mark.parametrize(
     ("old_version", "creates"),
-    [(None, ["truncations", "dynamic_table_changes"]), (2, ["dynamic_table_changes"])],
+    [(None, ["truncations", "dynamic_table_changes"]), (2, ["dynamic_table_changes"]), (3, [])],
 )
 def test_internal_upgrade_creates_what_the_old_version_lacks(
     migrations_dir: Path, old_version: int | None, creates: list[str]
@@ -433,3 +433,4 @@ def test_internal_upgrade_creates_what_the_old_version_lacks(
     ]
     created = re.findall(r'CREATE TABLE IF NOT EXISTS "cdcsync"\."(\w+)"', written.text)
     assert written.filename == "0002_upgrade_internal_tables.sql" and created == creates
+    assert 'ALTER TABLE "cdcsync"."batch_ledger" ADD COLUMN IF NOT EXISTS "offsets" jsonb' in written.text

@@ -14,7 +14,7 @@ from cdcsync.core.reports import ReportedFailure, undecodable, write_failed
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import with_retries
-from cdcsync.runtime.status import committed_offsets
+from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.stream import _lag
 from cdcsync.sinks.postgres import newest_per_key
 

@@ -13,8 +13,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
+-- checksum: sha256:757a1d11c3059813a65a91fd34659d6d44fad8afdbda7db5369e41edd32d8d54
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -34,9 +34,10 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
     "batch_id" bigint,
     "rows_written" bigint NOT NULL,
     "committed_at" timestamptz NOT NULL DEFAULT now(),
+    "offsets" jsonb,
     PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
 );
-COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a sink, with the Kafka offsets it read ({"topic": {"partition": [start, end]}}); a replay of the same offsets finds its row and is skipped';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     "id" bigserial PRIMARY KEY,
@@ -140,5 +141,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db')
+VALUES ('shop', '0001_init.sql', 'sha256:757a1d11c3059813a65a91fd34659d6d44fad8afdbda7db5369e41edd32d8d54')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

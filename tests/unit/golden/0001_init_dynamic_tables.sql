@@ -12,8 +12,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f
--- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"}}}
+-- checksum: sha256:a4c135f5f5c0cd1f97334753e81b1dcc95f3e9e364ad824c39172827e4791a51
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -33,9 +33,10 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
     "batch_id" bigint,
     "rows_written" bigint NOT NULL,
     "committed_at" timestamptz NOT NULL DEFAULT now(),
+    "offsets" jsonb,
     PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
 );
-COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a sink, with the Kafka offsets it read ({"topic": {"partition": [start, end]}}); a replay of the same offsets finds its row and is skipped';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     "id" bigserial PRIMARY KEY,
@@ -149,5 +150,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f')
+VALUES ('shop', '0001_init.sql', 'sha256:a4c135f5f5c0cd1f97334753e81b1dcc95f3e9e364ad824c39172827e4791a51')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
