@@ -21,13 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.config import toast
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
-from cdcsync.config.types import PgType
+from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core import names
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -35,42 +35,6 @@ if TYPE_CHECKING:
 
 
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
-_TOAST_KIND = {
-    "text": "text",
-    "character varying": "text",
-    "bytea": "bytea",
-    "json": "json",
-    "jsonb": "jsonb",
-}
-_ARRAY_TOAST_KIND = {
-    "text": "text[]",
-    "character varying": "text[]",
-    "character": "text[]",
-    "smallint": "integer[]",
-    "integer": "integer[]",
-    "bigint": "integer[]",
-}
-"""Arrays whose unchanged TOASTed value Debezium sends as a placeholder of the column's own type: a text array
-holding the placeholder, an integer array of the placeholder's bytes. Other arrays have no placeholder of their
-type (the decoder dead-letters what arrives)."""
-Placeholder = str | bytes | tuple[Any, ...]
-_PLACEHOLDER_BY_KIND: dict[str, Placeholder] = {
-    "text": UNAVAILABLE_PLACEHOLDER,
-    "bytea": UNAVAILABLE_PLACEHOLDER.encode(),
-    "json": UNAVAILABLE_JSON,
-    "jsonb": UNAVAILABLE_JSON,
-    "text[]": (UNAVAILABLE_PLACEHOLDER,),
-    "integer[]": tuple(UNAVAILABLE_PLACEHOLDER.encode()),
-}
-
-
-def _toast_kind(pg: PgType) -> str | None:
-    """How Debezium's placeholder shows in a column of this type (see ``unavailable.sql.j2``), or None."""
-    if pg.element is not None:
-        return _ARRAY_TOAST_KIND.get(pg.element.name)
-    return _TOAST_KIND.get(pg.name)
-
-
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
 
@@ -137,17 +101,26 @@ def newest_per_key(
     return table.filter(mask)
 
 
+def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:
+    """Which values of ``column`` are Debezium's placeholder (never null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
+        wanted = list(placeholder)
+        return pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
+    return pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+
+
 def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: Placeholder) -> pa.Table:
     """Replace the placeholder in each run's first row by the newest older value of the run (rare: plain Python)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     column = table.column(name).combine_chunks()
-    if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
-        wanted = list(placeholder)
-        unavailable = pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
-    else:
-        unavailable = pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+    unavailable = placeholder_mask(column, placeholder)
     if not pc.any(pc.and_(unavailable, mask)).as_py():
         return table
     values, is_placeholder, starts = column.to_pylist(), unavailable.to_pylist(), mask.to_pylist()
@@ -178,9 +151,8 @@ class PostgresUpsertSink(LedgeredSink):
         self.columns = tuple(columns)
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
-        self.toastable = {name: kind for name, pg in columns.items() if (kind := _toast_kind(pg)) is not None}
-        """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb,
-        text[], integer[])."""
+        self.toastable = toast.toastable({name: columns[name] for name in self.value_columns})
+        """Value columns that may hold Debezium's placeholder, by how it is compared (:mod:`cdcsync.config.toast`)."""
         stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
         stage = (names.INTERNAL_SCHEMA, stage_table)
         target = (sink.schema_, sink.table)
@@ -192,8 +164,7 @@ class PostgresUpsertSink(LedgeredSink):
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,
             "toastable": self.toastable,
-            "placeholder": UNAVAILABLE_PLACEHOLDER,
-            "placeholder_codes": ",".join(str(code) for code in UNAVAILABLE_PLACEHOLDER.encode()),
+            **toast.TEMPLATE_VALUES,
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
@@ -235,7 +206,7 @@ class PostgresUpsertSink(LedgeredSink):
             columns=self.columns,
             batch_id=batch_id,
             sink_label=self.label,
-            toastable=tuple((name, _PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:

@@ -225,19 +225,33 @@ def test_newest_per_key_carries_unchanged_toasted_arrays() -> None:
 
 
 def test_merge_keeps_stored_arrays_for_their_placeholders() -> None:
+    """Each array kind is compared with what Debezium sends for it (cdcsync.config.toast)."""
+    from cdcsync.config.toast import PLACEHOLDER_UUID, TEMPLATE_VALUES
     from cdcsync.sql.render import render
 
+    kinds = {"tags": "text[]", "ints": "integer[]", "docs": "json[]", "blobs": "bytea[]", "days": "date[]"}
+    kinds["uids"] = "uuid[]"
     merge = render(
         "postgres/runtime/merge_hard.sql.j2",
         stage=("cdcsync", "s"),
         target=("app", "t"),
         tombstones=("cdcsync", "ts"),
-        columns=("id", "tags", "ints"),
+        columns=("id", *kinds),
         primary_key=("id",),
-        value_columns=("tags", "ints"),
-        toastable={"tags": "text[]", "ints": "integer[]"},
-        placeholder="__debezium_unavailable_value",
-        placeholder_codes="95,95",
+        value_columns=tuple(kinds),
+        toastable=kinds,
+        **TEMPLATE_VALUES,
     )
     assert "EXCLUDED.\"tags\"::text[] = ARRAY['__debezium_unavailable_value']::text[]" in merge
-    assert "EXCLUDED.\"ints\"::bigint[] = '{95,95}'::bigint[]" in merge
+    assert "EXCLUDED.\"ints\"::bigint[] = '{95,95,100,101,98," in merge
+    assert "EXCLUDED.\"docs\"::text[] = ARRAY[to_json('__debezium_unavailable_value'::text)::text]" in merge
+    assert "EXCLUDED.\"blobs\" = ARRAY[convert_to('__debezium_unavailable_value', 'UTF8')]" in merge
+    assert "EXCLUDED.\"days\" = '{1970-04-06,1970-04-06,1970-04-11," in merge
+    assert f"EXCLUDED.\"uids\"::text[] = ARRAY['{PLACEHOLDER_UUID}']::text[]" in merge
+
+
+def test_the_uuid_placeholder_is_javas_name_based_uuid_of_the_placeholder() -> None:
+    """Debezium's uuid[] placeholder is ``UUID.nameUUIDFromBytes(placeholder bytes)`` (an MD5, version 3 UUID), checked with Java."""
+    from cdcsync.config.toast import PLACEHOLDER_UUID
+
+    assert PLACEHOLDER_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from cdcsync.config.toast import UNAVAILABLE_PLACEHOLDER
 from cdcsync.config.types import PgType
 from cdcsync.core.errors import DecodeError
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_PLACEHOLDER
 from cdcsync.sources.debezium.numbers import (
     float_converter,
     int_converter,

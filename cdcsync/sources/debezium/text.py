@@ -14,8 +14,8 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from cdcsync.config.toast import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.config.types import PgType
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sources.debezium.values import (
     DEBEZIUM_BITS,
     Converter,
