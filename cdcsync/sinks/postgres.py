@@ -108,6 +108,8 @@ def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholde
 
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    if pa.types.is_null(column.type):  # every value NULL (a partition of deletes, say): Arrow typed it so
+        return pa.array([False] * len(column), type=pa.bool_())
     if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
         wanted = list(placeholder)
         return pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
