@@ -61,7 +61,7 @@ class StageWriter:
 
         if table.num_rows == 0:
             return 0
-        table = newest_per_key(table, self.primary_key, self.toastable)
+        table = newest_per_key(table, self.primary_key, self.toastable, keep_key_moves=True)
         payload = _to_csv(table, self.columns, self.batch_id)
         try:
             with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
@@ -72,7 +72,11 @@ class StageWriter:
 
 
 def newest_per_key(
-    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...] = ()
+    table: pa.Table,
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...] = (),
+    *,
+    keep_key_moves: bool = False,
 ) -> pa.Table:
     """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first.
 
@@ -80,6 +84,10 @@ def newest_per_key(
     and the value it decodes to. When the newest change of a key holds it, the value an older change of the same
     batch carried is kept instead, so that the merge, which keeps the stored value for a placeholder, does not
     lose a value set earlier in the batch.
+
+    ``keep_key_moves``: also keep older creates that hold a placeholder: such a create is the new key of a
+    primary-key change, and the merge pairs it with the delete of the old key (``key_moves.sql.j2``) even when a
+    later change of the new key in the batch is the one that lands.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -96,8 +104,13 @@ def newest_per_key(
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
     assert first_of_run is not None
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
+    moves = pa.array([False] * table.num_rows, type=pa.bool_())
     for name, placeholder in toastable:
+        if keep_key_moves:
+            moves = pc.or_(moves, placeholder_mask(table.column(name), placeholder))
         table = _carry_unchanged_values(table, mask, name, placeholder)
+    if keep_key_moves and toastable:
+        mask = pc.or_(mask, pc.and_(moves, pc.equal(table.column("_cdc_op").combine_chunks(), "c")))
     return table.filter(mask)
 
 

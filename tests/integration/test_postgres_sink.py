@@ -174,6 +174,37 @@ def test_unchanged_toasted_values_keep_the_stored_value(sink: PostgresUpsertSink
     assert live(sink)[2]["Name"] == "set in batch" and live(sink)[2]["amount"] == Decimal("3.00")
 
 
+def test_a_primary_key_change_carries_the_old_keys_unchanged_toasted_values(sink: PostgresUpsertSink) -> None:
+    """Debezium sends a key change as a delete of the old key and a create of the new one at the same source
+    position; the create carries the placeholder for untouched large values, which are the old key's."""
+    big = "x" * 5000
+    land(sink, 0, [change("c", 1, 10, big, blob=b"\x00" * 3000), change("c", 2, 11, "two")])
+    # Old and new key in different partitions (tasks) of one batch; the new key is updated again in the batch
+    # with its large value still untouched, so the create is not the change that lands.
+    moved = change("c", 5, 20, PLACEHOLDER, blob=PLACEHOLDER.encode())
+    land(
+        sink,
+        1,
+        [change("d", 1, 20, None, None)],
+        [moved, change("u", 5, 21, PLACEHOLDER, "7.00", blob=PLACEHOLDER.encode())],
+    )
+    rows = live(sink)
+    assert set(rows) == {2, 5}
+    assert (rows[5]["Name"], bytes(rows[5]["blob"]), rows[5]["amount"]) == (big, b"\x00" * 3000, Decimal("7.00"))
+    # A create holding a placeholder whose old key is unknown (no delete at its version) keeps it, as before.
+    land(sink, 2, [change("c", 6, 30, PLACEHOLDER)])
+    assert live(sink)[6]["Name"] == PLACEHOLDER
+
+
+def test_a_primary_key_change_split_over_two_batches_in_soft_mode(postgres_dsn: str, tmp_path: Path) -> None:
+    """The delete of the old key landed in an earlier batch: the soft-deleted row still holds its values."""
+    sink = make_sink("soft", postgres_dsn, tmp_path)
+    land(sink, 0, [change("c", 1, 10, "y" * 4000)])
+    land(sink, 1, [change("d", 1, 20, None, None)])
+    land(sink, 2, [change("c", 9, 20, PLACEHOLDER)])
+    assert live(sink)[9]["Name"] == "y" * 4000
+
+
 def test_soft_delete_keeps_stored_values(postgres_dsn: str, tmp_path: Path) -> None:
     sink = make_sink("soft", postgres_dsn, tmp_path)
     land(sink, 0, [change("c", 7, 10, "kept", "9.99")])
