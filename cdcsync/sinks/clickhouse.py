@@ -95,6 +95,7 @@ class ClickHouseWriter:
         table = table.filter(pc.not_equal(table.column("_cdc_op"), "t"))
         if table.num_rows == 0:
             return 0
+        moves = self._key_moves(table)
         table = newest_per_key(table, self.primary_key, self.toastable)
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
@@ -107,7 +108,7 @@ class ClickHouseWriter:
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
-            table = self._fill_unchanged_values(client, table)
+            table = self._fill_unchanged_values(client, table, moves)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
             may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
@@ -121,9 +122,52 @@ class ClickHouseWriter:
             client.close()
         return rows.num_rows
 
-    def _fill_unchanged_values(self, client: Any, table: pa.Table) -> pa.Table:
+    def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
+        """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
+
+        Debezium sends such a change as a delete of the old key and a create of the new one at the same source
+        position (the same ``_cdc_version``); an INSERT never holds a placeholder, so a create that does is the
+        new key of a move, paired here with the delete of its version. Both are in this task when the topic keys
+        them to the same Kafka partition (a one-partition topic, say); otherwise the placeholder stays.
+        """
+        import pyarrow.compute as pc
+
+        from cdcsync.sinks.postgres import placeholder_mask
+
+        if not self.toastable:
+            return {}
+        creates = pc.equal(table.column("_cdc_op"), "c")
+        held = [pc.and_(placeholder_mask(table.column(name), value), creates) for name, value in self.toastable]
+        if not pc.any(functools.reduce(pc.or_, held)).as_py():
+            return {}
+        keys = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
+        ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
+        names = [name for name, _ in self.toastable]
+        values = {name: table.column(name).to_pylist() for name in names}
+        unavailable = {name: placeholder_mask(table.column(name), value).to_pylist() for name, value in self.toastable}
+        deleted_at = {versions[i]: keys[i] for i in range(len(keys)) if ops[i] == "d"}
+        moves: dict[tuple[Any, ...], _KeyMove] = {}
+        for i, key in enumerate(keys):
+            old = deleted_at.get(versions[i])
+            if ops[i] != "c" or old is None or old == key or not any(unavailable[n][i] for n in names):
+                continue
+            # The old key's values set earlier in this batch (the newest per column), before its delete.
+            earlier = sorted((versions[j], j) for j in range(len(keys)) if keys[j] == old and ops[j] != "d")
+            known: dict[str, Any] = {}
+            for version, j in reversed(earlier):
+                if version < versions[i]:
+                    for name in names:
+                        if name not in known and not unavailable[name][j]:
+                            known[name] = values[name][j]
+            moves[key] = _KeyMove(old, known)
+        return moves
+
+    def _fill_unchanged_values(
+        self, client: Any, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove] | None = None
+    ) -> pa.Table:
         """Replace the placeholders the in-batch carry left (no older change of the key in this batch set the
-        value) by the key's stored current value, read in one query for all such keys.
+        value) by the key's stored current value, read in one query for all such keys; for the new key of a
+        primary-key change (``moves``), by the old key's value.
 
         ReplacingMergeTree keeps whole rows, so unlike the Postgres merge this must happen before the insert. A key
         whose newest stored row is a delete, or that ClickHouse has never seen, keeps the placeholder (as a
@@ -141,9 +185,12 @@ class ClickHouseWriter:
         masks = {name: mask for name, mask in masks.items() if pc.any(mask).as_py()}
         if not masks:
             return table
+        moves = moves or {}
         wanted = functools.reduce(pc.or_, masks.values())
         key_rows = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
-        keys = sorted({key for key, want in zip(key_rows, wanted.to_pylist(), strict=True) if want}, key=repr)
+        # Where each key's kept values come from: its own stored row, or the old key's for a moved key.
+        source = {key: moves[key].old if key in moves else key for key in key_rows}
+        keys = sorted({source[key] for key, want in zip(key_rows, wanted.to_pylist(), strict=True) if want}, key=repr)
         result = client.query(
             self.stored_values_sql,
             parameters={"keys": keys},
@@ -161,8 +208,12 @@ class ClickHouseWriter:
             column = table.column(name)
             values = column.to_pylist()
             for index, (key, unavailable) in enumerate(zip(key_rows, mask.to_pylist(), strict=True)):
-                if unavailable and key in stored:
-                    values[index] = stored[key][name]
+                if not unavailable:
+                    continue
+                if key in moves and name in moves[key].values:
+                    values[index] = moves[key].values[name]
+                elif source[key] in stored:
+                    values[index] = stored[source[key]][name]
             table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
         return table
 
@@ -193,6 +244,16 @@ class ClickHouseWriter:
         versions = rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()
         parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
         client.raw_query(self.markers_sql, parameters=parameters)
+
+
+@dataclass(frozen=True)
+class _KeyMove:
+    """Where the new key of a primary-key change takes its unchanged large values from."""
+
+    old: tuple[Any, ...]
+    """The old key: its stored row holds them."""
+    values: dict[str, Any]
+    """Those that changes of the old key earlier in the same batch set (they win over the stored row)."""
 
 
 def _task_error(doing: str, error: BaseException) -> ReportedFailure:

@@ -459,3 +459,24 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     assert current[2] == full(20)
     assert current[3] == current[4] == {**unchanged(), "body": placeholder["body"]}
     assert client.command("SELECT count() FROM d WHERE _version >= 30") == 4
+
+    # Primary-key changes (a delete of the old key and a create of the new one at the same version): 1 -> 7 takes
+    # 1's stored values, 2 -> 8 the values 2 was given earlier in the batch.
+    moves = [
+        (1, "d", 40, None),
+        (7, "c", 40, unchanged()),
+        (2, "u", 41, full(21)),
+        (2, "d", 42, None),
+        (8, "c", 42, unchanged()),
+    ]
+    sink.stage_writer(3, "c").stage(batch(moves, 9))
+    current = {
+        row[0]: dict(zip(kinds, row[1:], strict=True))
+        for row in client.query(
+            f"SELECT id, {names} FROM d FINAL WHERE NOT _is_deleted ORDER BY id",
+            query_formats={"UUID": "string"},
+            column_formats={"blob": "bytes"},
+        ).result_rows
+    }
+    assert set(current) == {3, 4, 7, 8}
+    assert current[7] == full(1) and current[8] == full(21)
