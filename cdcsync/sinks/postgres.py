@@ -85,9 +85,11 @@ def newest_per_key(
     batch carried is kept instead, so that the merge, which keeps the stored value for a placeholder, does not
     lose a value set earlier in the batch.
 
-    ``keep_key_moves``: also keep older creates that hold a placeholder: such a create is the new key of a
-    primary-key change, and the merge pairs it with the delete of the old key (``key_moves.sql.j2``) even when a
-    later change of the new key in the batch is the one that lands.
+    ``keep_key_moves``: keep two more kinds of rows for the merge to pair a primary-key change's delete of the old
+    key with the create of the new one (``key_moves.sql.j2``), whichever tasks they are in: older creates that
+    hold a placeholder (such a create is the new key of a move, and a later change of the new key in the batch
+    may be the one that lands), and for a key whose newest change is a delete, the change before it (the values
+    the delete removes, carried like a newest change's). The merge's own collapse still lands only the newest.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -104,14 +106,25 @@ def newest_per_key(
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
     assert first_of_run is not None
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
-    moves = pa.array([False] * table.num_rows, type=pa.bool_())
+    if not (keep_key_moves and toastable):
+        for name, placeholder in toastable:
+            table = _carry_unchanged_values(table, mask, name, placeholder)
+        return table.filter(mask)
+    ops = table.column("_cdc_op").combine_chunks()
+    deleted = pc.fill_null(pc.equal(ops, "d"), False)
+    n = table.num_rows
+    before_delete = pa.concat_arrays(
+        [
+            pa.array([False]),
+            pc.and_(pc.and_(deleted.slice(0, n - 1), pc.invert(mask.slice(1))), pc.invert(deleted.slice(1))),
+        ]
+    )
+    starts = pc.or_(mask, before_delete)
+    moves = pa.array([False] * n, type=pa.bool_())
     for name, placeholder in toastable:
-        if keep_key_moves:
-            moves = pc.or_(moves, placeholder_mask(table.column(name), placeholder))
-        table = _carry_unchanged_values(table, mask, name, placeholder)
-    if keep_key_moves and toastable:
-        mask = pc.or_(mask, pc.and_(moves, pc.equal(table.column("_cdc_op").combine_chunks(), "c")))
-    return table.filter(mask)
+        moves = pc.or_(moves, placeholder_mask(table.column(name), placeholder))
+        table = _carry_unchanged_values(table, starts, name, placeholder)
+    return table.filter(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
 
 
 def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:

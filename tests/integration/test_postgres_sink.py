@@ -191,8 +191,13 @@ def test_a_primary_key_change_carries_the_old_keys_unchanged_toasted_values(sink
     rows = live(sink)
     assert set(rows) == {2, 5}
     assert (rows[5]["Name"], bytes(rows[5]["blob"]), rows[5]["amount"]) == (big, b"\x00" * 3000, Decimal("7.00"))
+    # The old key inserted in the same batch, in another partition (task) than its move: its values are staged.
+    land(
+        sink, 2, [change("c", 3, 25, "three" * 900), change("d", 3, 26, None, None)], [change("c", 4, 26, PLACEHOLDER)]
+    )
+    assert live(sink)[4]["Name"] == "three" * 900 and 3 not in live(sink)
     # A create holding a placeholder whose old key is unknown (no delete at its version) keeps it, as before.
-    land(sink, 2, [change("c", 6, 30, PLACEHOLDER)])
+    land(sink, 3, [change("c", 6, 30, PLACEHOLDER)])
     assert live(sink)[6]["Name"] == PLACEHOLDER
 
 
