@@ -447,14 +447,13 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     assert writer.stage(second) == 4
     assert writer.stage(second) == 4  # a retried task reads back its own rows: the same values
     names = ", ".join(kinds)
-    current = {
-        row[0]: dict(zip(kinds, row[1:], strict=True))
-        for row in client.query(
-            f"SELECT id, {names} FROM d FINAL WHERE NOT _is_deleted ORDER BY id",
-            query_formats={"UUID": "string"},
-            column_formats={"blob": "bytes"},
-        ).result_rows
-    }
+
+    def current_rows() -> dict[int, dict[str, Any]]:
+        query = f"SELECT id, {names} FROM d FINAL WHERE NOT _is_deleted ORDER BY id"
+        result = client.query(query, query_formats={"UUID": "string"}, column_formats={"blob": "bytes"})
+        return {row[0]: dict(zip(kinds, row[1:], strict=True)) for row in result.result_rows}
+
+    current = current_rows()
     assert current[1] == full(1)
     assert current[2] == full(20)
     assert current[3] == current[4] == {**unchanged(), "body": placeholder["body"]}
@@ -470,13 +469,6 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
         (8, "c", 42, unchanged()),
     ]
     sink.stage_writer(3, "c").stage(batch(moves, 9))
-    current = {
-        row[0]: dict(zip(kinds, row[1:], strict=True))
-        for row in client.query(
-            f"SELECT id, {names} FROM d FINAL WHERE NOT _is_deleted ORDER BY id",
-            query_formats={"UUID": "string"},
-            column_formats={"blob": "bytes"},
-        ).result_rows
-    }
+    current = current_rows()
     assert set(current) == {3, 4, 7, 8}
     assert current[7] == full(1) and current[8] == full(21)
