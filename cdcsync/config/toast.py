@@ -11,7 +11,8 @@ debezium-connector-postgres 3.x):
 * ``integer[]``, ``bigint[]`` and ``date[]``: an array of its UTF-8 byte values (for ``date[]``: days since
   1970-01-01, as Debezium's ``io.debezium.time.Date`` carries dates);
 * ``uuid[]``: a one-element array of the name-based (version 3) UUID of its bytes;
-* ``hstore``: ``{placeholder: placeholder}`` (not a type cdcsync supports yet).
+* ``hstore``: the map ``{placeholder: placeholder}``, or (``hstore.handling.mode=json``) that map as JSON text; the
+  decoder turns either into the hstore text ``"placeholder"=>"placeholder"``.
 
 Arrays of every other element type (``smallint[]``, ``numeric[]``, ``boolean[]``, ``timestamp[]`` ...) have no
 placeholder: Debezium's converter cannot fit the text into the array's schema and, under its default
@@ -30,7 +31,7 @@ import uuid
 from datetime import date, timedelta
 from typing import Any
 
-from cdcsync.config.types import PgType
+from cdcsync.config.types import PgType, hstore_text
 
 UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 """Debezium's default ``unavailable.value.placeholder``."""
@@ -49,6 +50,7 @@ _SCALAR_KIND = {
     "bytea": "bytea",
     "json": "json",
     "jsonb": "jsonb",
+    "hstore": "hstore",
 }
 _ARRAY_KIND = {
     "text": "text[]",
@@ -77,6 +79,7 @@ PLACEHOLDER_BY_KIND: dict[str, Placeholder] = {
     "integer[]": tuple(PLACEHOLDER_BYTES),
     "date[]": tuple(_EPOCH + timedelta(days=code) for code in PLACEHOLDER_BYTES),
     "uuid[]": (PLACEHOLDER_UUID,),
+    "hstore": hstore_text({UNAVAILABLE_PLACEHOLDER: UNAVAILABLE_PLACEHOLDER}),
 }
 
 TEMPLATE_VALUES: dict[str, str] = {

@@ -1,6 +1,6 @@
 """Debezium's unchanged-TOAST placeholders never become data, with the real connector (issue 12, item 3).
 
-A table of large values (text, jsonb, text[], uuid[], bigint[]: each stored out of line, so an update that leaves
+A table of large values (text, jsonb, text[], uuid[], bigint[], hstore: each stored out of line, so an update that leaves
 it alone reaches Kafka as Debezium's placeholder of its type) gets updates of a small column only and primary-key
 changes that leave the large values untouched. One ``cdcsync run --available-now`` lands it in a Postgres mirror,
 through a SQL transform (filtering on the small column, declared ``untoasted_columns``) into a second mirror, and
@@ -23,6 +23,7 @@ import pytest
 from psycopg import sql
 
 from cdcsync.config.toast import PLACEHOLDER_UUID
+from cdcsync.config.types import hstore_text
 from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project
 from tests.e2e.test_debezium_types import changed_rows
@@ -30,7 +31,7 @@ from tests.e2e.test_debezium_types import changed_rows
 pytestmark = pytest.mark.e2e
 
 TABLE = "docs"
-LARGE = {"body": "text", "doc": "jsonb", "tags": "text[]", "uids": "uuid[]", "nums": "bigint[]"}
+LARGE = {"body": "text", "doc": "jsonb", "tags": "text[]", "uids": "uuid[]", "nums": "bigint[]", "attrs": "hstore"}
 COLUMNS = {"id": "bigint", "title": "text", **LARGE}
 PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDERS: dict[str, Any] = {
@@ -39,6 +40,7 @@ PLACEHOLDERS: dict[str, Any] = {
     "tags": [PLACEHOLDER],
     "uids": [PLACEHOLDER_UUID],
     "nums": list(PLACEHOLDER.encode()),
+    "attrs": json.dumps({PLACEHOLDER: PLACEHOLDER}, separators=(",", ":")),  # hstore.handling.mode=json, the default
 }
 """What Debezium 3.5 sends per column for an unchanged TOASTed value (cdcsync.config.toast)."""
 
@@ -51,6 +53,7 @@ def large_values(rng: random.Random) -> list[Any]:
         [rng.randbytes(40).hex() for _ in range(150)],
         [str(uuid.UUID(bytes=rng.randbytes(16))) for _ in range(400)],
         [rng.getrandbits(63) for _ in range(700)],
+        hstore_text({f"k{i}": rng.randbytes(20).hex() for i in range(150)}),
     ]
 
 
@@ -58,7 +61,7 @@ def workload(dsn: str) -> None:
     """Inserts, then updates of ``title`` alone and key changes that leave every large value untouched."""
     rng = random.Random(12)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        insert = sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s)").format(sql.Identifier(TABLE))
+        insert = sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s::hstore)").format(sql.Identifier(TABLE))
         for key in range(1, 7):
             conn.execute(insert, [key, f"t{key}", *large_values(rng)])
         title = sql.SQL("UPDATE {} SET title = %s WHERE id = %s").format(sql.Identifier(TABLE))
@@ -85,7 +88,9 @@ def create_topic(bootstrap: str, topic: str) -> None:
 def source_rows(dsn: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(dsn) as conn:
         cursor = conn.execute(
-            sql.SQL("SELECT id, title, body, doc::text, tags, uids::text[], nums FROM {}").format(sql.Identifier(TABLE))
+            sql.SQL(
+                "SELECT id, title, body, doc::text, tags, uids::text[], nums, hstore_to_json(attrs)::text FROM {}"
+            ).format(sql.Identifier(TABLE))
         )
         return {row[0]: dict(zip(COLUMNS, row, strict=True)) for row in cursor}
 
@@ -93,9 +98,9 @@ def source_rows(dsn: str) -> dict[int, dict[str, Any]]:
 def postgres_rows(dsn: str, table: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(dsn) as conn:
         cursor = conn.execute(
-            sql.SQL("SELECT id, title, body, doc::text, tags, uids::text[], nums FROM {}").format(
-                sql.Identifier("app", table)
-            )
+            sql.SQL(
+                "SELECT id, title, body, doc::text, tags, uids::text[], nums, hstore_to_json(attrs)::text FROM {}"
+            ).format(sql.Identifier("app", table))
         )
         return {row[0]: dict(zip(COLUMNS, row, strict=True)) for row in cursor}
 
@@ -107,9 +112,14 @@ def clickhouse_rows(database: ClickHouseDatabase) -> dict[int, dict[str, Any]]:
     return {row[0]: dict(zip(COLUMNS, row, strict=True)) for row in result.result_rows}
 
 
-def normalised(rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """jsonb compared as parsed JSON: ClickHouse keeps the text Debezium sent, Postgres its own rendering."""
-    return {key: {**row, "doc": json.loads(row["doc"])} for key, row in rows.items()}
+def normalised(rows: dict[int, dict[str, Any]], dsn: str) -> dict[int, dict[str, Any]]:
+    """jsonb compared as parsed JSON (ClickHouse keeps the text Debezium sent, Postgres its own rendering), hstore
+    as the JSON Postgres makes of it (ClickHouse keeps the hstore text in the order Debezium sent the pairs)."""
+    with psycopg.connect(dsn) as conn:
+        for row in rows.values():
+            if not row["attrs"].startswith("{"):  # hstore text: as Postgres reads it
+                (row["attrs"],) = conn.execute("SELECT hstore_to_json(%s::hstore)::text", (row["attrs"],)).fetchone()
+    return {key: {**row, "doc": json.loads(row["doc"]), "attrs": json.loads(row["attrs"])} for key, row in rows.items()}
 
 
 def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
@@ -120,6 +130,9 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
     clickhouse_database: ClickHouseDatabase,
 ) -> None:
     ddl = sql.SQL(", ").join(sql.SQL("{} " + pg_type).format(sql.Identifier(n)) for n, pg_type in COLUMNS.items())
+    for dsn in (debezium_source.dsn, postgres_dsn):  # the source's type, and the mirrors'
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS hstore")
     with psycopg.connect(debezium_source.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE TABLE public.{} ({}, PRIMARY KEY (id))").format(sql.Identifier(TABLE), ddl))
     topic = debezium_source.topic(f"public.{TABLE}")
@@ -166,4 +179,4 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
     assert set(expected) == {1, 2, 5, 6, 10, 11}
     assert postgres_rows(postgres_dsn, TABLE) == expected
     assert postgres_rows(postgres_dsn, "kept") == {k: v for k, v in expected.items() if v["title"] != "skip"}
-    assert normalised(clickhouse_rows(clickhouse_database)) == normalised(expected)
+    assert normalised(clickhouse_rows(clickhouse_database), postgres_dsn) == normalised(expected, postgres_dsn)

@@ -3,6 +3,7 @@ merge them the way the driver does, and check versioning, deletes, tombstones, t
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -368,3 +369,54 @@ def test_unchanged_toasted_arrays_keep_the_stored_value(postgres_dsn: str, tmp_p
     with psycopg.connect(postgres_dsn) as conn:
         row = conn.execute("SELECT tags, ints, flags::text FROM app.typed WHERE id = 1").fetchone()
     assert row == (big_tags, big_ints, "0000")
+
+
+def test_hstore_lands_and_keeps_its_stored_value_for_the_placeholder(postgres_dsn: str, tmp_path: Path) -> None:
+    """The decoder's hstore text is what Postgres reads on COPY; the placeholder (the one pair placeholder =>
+    placeholder, in both of Debezium's hstore modes) keeps the stored value."""
+    from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+    from cdcsync.config.types import hstore_text
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS hstore")  # the target database needs the type
+    definition = validate_pipeline_dict(
+        {
+            "name": "hstoretest",
+            "sources": {
+                "s": {"type": "kafka", "topic": "t", "primary_key": "id", "columns": {"id": "bigint", "h": "hstore"}}
+            },
+            "sinks": {"m": {"type": "postgres", "from": "s", "schema": "app", "table": "h"}},
+        }
+    )
+    migrations.init(POSTGRES, definition, tmp_path)
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, definition.name, tmp_path)
+    sink = PostgresUpsertSink(definition, "m", definition.sinks["m"], postgres_dsn)
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("h", pa.string()),
+            ("_cdc_op", pa.string()),
+            ("_cdc_version", pa.int64()),
+            ("_cdc_ts", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    pairs = {"a": "1", 'quote"d': "back\\slash, comma", "n": None, "big": "z" * 5000}
+
+    def stage(batch_id: int, version: int, value: str) -> None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        row = {"id": 1, "h": value, "_cdc_op": "u", "_cdc_version": version, "_cdc_ts": T0}
+        sink.stage_writer(batch_id).stage(pa.Table.from_pylist([row], schema=schema))
+        sink.merge(key)
+
+    def stored() -> dict[str, str | None]:
+        with psycopg.connect(postgres_dsn) as conn:
+            row = conn.execute("SELECT hstore_to_json(h)::text FROM app.h WHERE id = 1").fetchone()
+        assert row is not None
+        return json.loads(row[0])
+
+    stage(0, 10, hstore_text(pairs))
+    assert stored() == pairs
+    stage(1, 20, str(PLACEHOLDER_BY_KIND["hstore"]))
+    assert stored() == pairs

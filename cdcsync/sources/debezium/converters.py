@@ -28,6 +28,7 @@ from cdcsync.sources.debezium.text import (
     bits_converter,
     bool_converter,
     bytea_converter,
+    hstore_converter,
     text_converter,
     uuid_converter,
 )
@@ -115,6 +116,8 @@ def converter_for(name: str, pg: PgType, source_id: str, time_mode: str | None =
         return text_converter(pg)
     if kind == "uuid":
         return uuid_converter(pg)
+    if kind == "hstore":
+        return hstore_converter(pg)
     if kind == "bytea":
         return bytea_converter(pg)
     if kind == "date":
