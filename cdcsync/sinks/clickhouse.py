@@ -146,13 +146,18 @@ class ClickHouseWriter:
         values = {name: table.column(name).to_pylist() for name in names}
         unavailable = {name: placeholder_mask(table.column(name), value).to_pylist() for name, value in self.toastable}
         deleted_at = {versions[i]: keys[i] for i in range(len(keys)) if ops[i] == "d"}
+        deleted_keys = set(deleted_at.values())
+        changes_of: dict[tuple[Any, ...], list[int]] = {}
+        for i, key in enumerate(keys):
+            if ops[i] != "d" and key in deleted_keys:
+                changes_of.setdefault(key, []).append(i)
         moves: dict[tuple[Any, ...], _KeyMove] = {}
         for i, key in enumerate(keys):
             old = deleted_at.get(versions[i])
             if ops[i] != "c" or old is None or old == key or not any(unavailable[n][i] for n in names):
                 continue
             # The old key's values set earlier in this batch (the newest per column), before its delete.
-            earlier = sorted((versions[j], j) for j in range(len(keys)) if keys[j] == old and ops[j] != "d")
+            earlier = sorted((versions[j], j) for j in changes_of.get(old, []))
             known: dict[str, Any] = {}
             for version, j in reversed(earlier):
                 if version < versions[i]:
