@@ -125,7 +125,7 @@ def check_toasted_columns(source_id: str, source: KafkaSource, problems: list[st
     where = yaml_path("sources", source_id)
     columns = source.column_types()
     for name in source.untoasted_columns:
-        if name not in columns:
+        if columns and name not in columns:  # (no columns yet: `init` has not read them; reported elsewhere)
             problems.append(
                 f"{where}.untoasted_columns: '{name}' is not a column of the source{did_you_mean(name, list(columns))}"
             )
