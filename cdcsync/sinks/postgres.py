@@ -54,14 +54,20 @@ class StageWriter:
     sink_label: str
     toastable: tuple[tuple[str, Placeholder], ...] = ()
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
+    mark_moves: bool = False
+    """Also stage :func:`move_markers` (a hard-delete sink with such columns)."""
 
     def stage(self, table: pa.Table) -> int:
         """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
         import psycopg
+        import pyarrow as pa
 
         if table.num_rows == 0:
             return 0
+        markers = move_markers(table) if self.mark_moves else None
         table = newest_per_key(table, self.primary_key, self.toastable, keep_key_moves=True)
+        if markers is not None and markers.num_rows:
+            table = pa.concat_tables([table, markers.select(table.column_names)])
         payload = _to_csv(table, self.columns, self.batch_id)
         try:
             with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
@@ -127,6 +133,30 @@ def newest_per_key(
     return table.filter(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
 
 
+def move_markers(table: pa.Table) -> pa.Table:
+    """Deletes of ``table`` (one task's partition range) that may be a key change whose create comes only in the
+    next batch, as rows of op ``m``: those among the last three offsets of their partition (Debezium writes the
+    delete, its tombstone, then the create of the new key) with no create at their version in the range."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    deleted = pc.fill_null(pc.equal(table.column("_cdc_op"), "d"), False)
+    if "_cdc_offset" not in table.column_names or not pc.any(deleted).as_py():
+        return table.slice(0, 0)
+    last = {
+        row["_cdc_partition"]: row["_cdc_offset_max"]
+        for row in table.group_by("_cdc_partition").aggregate([("_cdc_offset", "max")]).to_pylist()
+    }
+    ends = pa.array([last[p] for p in table.column("_cdc_partition").to_pylist()], type=pa.int64())
+    tail = pc.greater_equal(table.column("_cdc_offset"), pc.subtract(ends, 2))
+    creates = table.filter(pc.equal(table.column("_cdc_op"), "c")).column("_cdc_version")
+    paired = pc.is_in(table.column("_cdc_version"), value_set=creates.combine_chunks())
+    marked = table.filter(pc.and_(pc.and_(deleted, tail), pc.invert(paired)))
+    return marked.set_column(
+        marked.schema.get_field_index("_cdc_op"), "_cdc_op", pa.array(["m"] * marked.num_rows, type=pa.string())
+    )
+
+
 def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:
     """Which values of ``column`` are Debezium's placeholder (never null)."""
     import pyarrow as pa
@@ -181,6 +211,8 @@ class PostgresUpsertSink(LedgeredSink):
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
         self.toastable = toast.toastable({name: columns[name] for name in self.value_columns})
         """Value columns that may hold Debezium's placeholder, by how it is compared (:mod:`cdcsync.config.toast`)."""
+        self.retains_moves = bool(self.toastable) and sink.delete_mode == "hard"
+        """Whether the values of deletes that may be a key change's are kept for the next batch (key_moves.sql.j2)."""
         stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
         stage = (names.INTERNAL_SCHEMA, stage_table)
         target = (sink.schema_, sink.table)
@@ -192,11 +224,17 @@ class PostgresUpsertSink(LedgeredSink):
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,
             "toastable": self.toastable,
+            "retain_moves": self.retains_moves,
             **toast.TEMPLATE_VALUES,
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
+        self._end_sql = _split_statements(
+            render("postgres/runtime/stage_retain.sql.j2", **template_values)
+            if self.retains_moves
+            else self._truncate_sql
+        )
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
         truncate_values = {
             "internal_schema": names.INTERNAL_SCHEMA,
@@ -235,6 +273,7 @@ class PostgresUpsertSink(LedgeredSink):
             batch_id=batch_id,
             sink_label=self.label,
             toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            mark_moves=self.retains_moves,
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:
@@ -253,7 +292,8 @@ class PostgresUpsertSink(LedgeredSink):
                     if ROWS_OUT_TAG in statement:
                         merged += max(cursor.rowcount, 0)
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
-                conn.execute(self._truncate_sql)
+                for statement in self._end_sql:
+                    conn.execute(statement)
         except _AlreadyMerged:
             return None
         except psycopg.Error as error:

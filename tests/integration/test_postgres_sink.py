@@ -202,6 +202,39 @@ def test_a_primary_key_change_carries_the_old_keys_unchanged_toasted_values(sink
     assert live(sink)[6]["Name"] == PLACEHOLDER
 
 
+def test_a_primary_key_change_split_over_two_batches_in_hard_mode(postgres_dsn: str, tmp_path: Path) -> None:
+    """The delete of the old key ends its partition's range in one batch, the create of the new key opens the next
+    one: the delete's values wait in the stage for one batch."""
+    sink = make_sink("hard", postgres_dsn, tmp_path)
+    schema = SCHEMA.append(pa.field("_cdc_partition", pa.int32())).append(pa.field("_cdc_offset", pa.int64()))
+
+    def stage(batch_id: int, rows: list[tuple[dict[str, Any], int]]) -> None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        table = [{**row, "_cdc_partition": 0, "_cdc_offset": offset} for row, offset in rows]
+        sink.stage_writer(batch_id).stage(pa.Table.from_pylist(table, schema=schema))
+        sink.merge(key)
+
+    stage(0, [(change("c", 1, 10, "w" * 4000), 0), (change("c", 2, 11, "v" * 3000), 1)])
+    # 2 is deleted early in its range (an ordinary delete); 1 at the end of it, then moves to 5 in the next batch.
+    stage(
+        1,
+        [
+            (change("d", 2, 12, None, None), 2),
+            (change("u", 1, 15, PLACEHOLDER, "5.00"), 5),
+            (change("d", 1, 20, None, None), 7),
+        ],
+    )
+    with psycopg.connect(postgres_dsn) as conn:
+        kept = conn.execute('SELECT id, "_cdc_version" FROM cdcsync."sinktest__m__stage"').fetchall()
+    assert kept == [(1, 20)]  # only the delete that may be a key change keeps its values
+    stage(2, [(change("c", 5, 20, PLACEHOLDER), 9)])
+    assert live(sink)[5]["Name"] == "w" * 4000 and set(live(sink)) == {5}
+    stage(3, [(change("c", 6, 30, "x"), 10)])
+    with psycopg.connect(postgres_dsn) as conn:  # and for one batch only
+        assert conn.execute('SELECT count(*) FROM cdcsync."sinktest__m__stage"').fetchone() == (0,)
+
+
 def test_a_primary_key_change_split_over_two_batches_in_soft_mode(postgres_dsn: str, tmp_path: Path) -> None:
     """The delete of the old key landed in an earlier batch: the soft-deleted row still holds its values."""
     sink = make_sink("soft", postgres_dsn, tmp_path)
