@@ -41,6 +41,7 @@ from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations.clickhouse import sink_state, table_columns
+from cdcsync.sinks import tombstones
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class ClickHouseWriter:
     """Empty unless the partition depends on non-key columns (see the module docstring)."""
     batch_id: int
     sink_label: str
+    lone_sql: str = ""
+    """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -87,9 +90,6 @@ class ClickHouseWriter:
         if table.num_rows == 0:
             return 0
         table = newest_per_key(table, self.primary_key)
-        rows = to_clickhouse_arrow(table, self.columns)
-        # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
-        may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
             f"into {self.database}.{self.table}"
@@ -101,6 +101,14 @@ class ClickHouseWriter:
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
+            lone = tombstones.lone(table)
+            if lone is not None:
+                table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(client, rows))
+                if table.num_rows == 0:
+                    return 0
+            rows = to_clickhouse_arrow(table, self.columns)
+            # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
+            may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
             if not self.append_only:
                 return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
@@ -110,6 +118,12 @@ class ClickHouseWriter:
         finally:
             client.close()
         return rows.num_rows
+
+    def _stored(self, client: Any, rows: pa.Table) -> list[tuple[int, Any]]:
+        """(position in ``rows``, newest version + 1) of the keys whose newest row is live."""
+        keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
+        found = client.query(self.lone_sql, parameters={"keys": keys}).result_rows
+        return [(int(position) - 1, int(version)) for position, version in found]
 
     def _upsert_and_delete(self, client: Any, rows: pa.Table, may_move: pa.ChunkedArray, token: str) -> int:
         import pyarrow.compute as pc
@@ -201,6 +215,12 @@ class ClickHouseTableSink(LedgeredSink):
             primary_key=self.primary_key,
             key_types=self.key_types,
         )
+        self._lone_sql = render(
+            "clickhouse/runtime/lone_tombstones.sql.j2",
+            target=(sink.database, sink.table),
+            primary_key=self.primary_key,
+            key_types=self.key_types,
+        )
         self._markers_sql = ""
         if sink.partition_by and clickhouse_types.partition_columns(sink.partition_by, self.columns) - set(
             self.primary_key
@@ -248,6 +268,7 @@ class ClickHouseTableSink(LedgeredSink):
             markers_sql=self._markers_sql,
             batch_id=batch_id,
             sink_label=self.label,
+            lone_sql=self._lone_sql,
         )
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:

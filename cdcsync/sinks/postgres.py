@@ -27,6 +27,7 @@ from cdcsync.core import names
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
+from cdcsync.sinks import tombstones
 from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql.render import render
 
@@ -90,6 +91,8 @@ class StageWriter:
     sink_label: str
     toastable: tuple[tuple[str, Placeholder], ...] = ()
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
+    lone_sql: tuple[str, ...] = ()
+    """Create, COPY, select: the stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
 
     def stage(self, table: pa.Table) -> int:
         """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
@@ -98,13 +101,28 @@ class StageWriter:
         if table.num_rows == 0:
             return 0
         table = newest_per_key(table, self.primary_key, self.toastable)
-        payload = _to_csv(table, self.columns, self.batch_id)
         try:
-            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
-                copy.write(payload)
+            with psycopg.connect(self.dsn) as conn:
+                lone = tombstones.lone(table)
+                if lone is not None:
+                    table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(conn, rows))
+                with conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                    copy.write(_to_csv(table, self.columns, self.batch_id))
         except psycopg.Error as error:
             raise task_failure(f"{self.sink_label}: COPY into the staging table failed", error) from None
         return table.num_rows
+
+    def _stored(self, conn: Any, rows: pa.Table) -> list[tuple[int, Any]]:
+        """(position in ``rows``, stored version + 1) of the keys the target holds live."""
+        import pyarrow as pa
+
+        create, copy_sql, select = self.lone_sql
+        positions = pa.array(range(rows.num_rows), pa.int32())
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(create)
+            with cur.copy(copy_sql) as copy:
+                copy.write(arrow_to_copy_csv([positions, *(rows.column(k) for k in self.primary_key)]))
+            return [(int(pos), version) for pos, version in cur.execute(select).fetchall()]
 
 
 def newest_per_key(
@@ -116,13 +134,19 @@ def newest_per_key(
     and the value it decodes to. When the newest change of a key holds it, the value an older change of the same
     batch carried is kept instead, so that the merge, which keeps the stored value for a placeholder, does not
     lose a value set earlier in the batch.
+
+    Tombstones are ranked first (:func:`cdcsync.sinks.tombstones.rank_tombstones`); one that stays without a
+    version (lone) loses to any change of its key here, and is ranked against the target by the caller.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    table = tombstones.rank_tombstones(table, primary_key)
     if table.num_rows <= 1:
         return table
     order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
+    if "_cdc_offset" in table.column_names:  # a tie (a tombstone and the delete it follows): the later message
+        order.append(("_cdc_offset", "descending"))
     table = table.sort_by(order)
     first_of_run: pa.Array | None = None
     for key in primary_key:
@@ -198,6 +222,11 @@ class PostgresUpsertSink(LedgeredSink):
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
+        self._lone_sql = tuple(
+            _split_statements(
+                render("postgres/runtime/lone_tombstones.sql.j2", **template_values, delete_mode=sink.delete_mode)
+            )
+        )
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
         truncate_values = {
             "internal_schema": names.INTERNAL_SCHEMA,
@@ -236,6 +265,7 @@ class PostgresUpsertSink(LedgeredSink):
             batch_id=batch_id,
             sink_label=self.label,
             toastable=tuple((name, _PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            lone_sql=self._lone_sql,
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:
