@@ -286,7 +286,8 @@ def run(
     for source_id, source_stats in snapshot.sources.items():
         if source_stats.dead_letters:
             out.print(
-                f"source {source_id}: {source_stats.dead_letters} message(s) sent to cdcsync.dead_letters",
+                f"source {source_id}: {source_stats.dead_letters} message(s) sent to cdcsync.dead_letters "
+                f"(fix the configuration, then `cdcsync dead-letters replay {pipeline_file}`)",
                 highlight=False,
             )
 
