@@ -139,7 +139,7 @@ class RowPlan:
         is the second attempt, after a converter asked for the exact text of a number (:class:`Reparse`)."""
         raise NotImplementedError
 
-    def decode_tombstone(self, key_raw: bytes) -> list[Any] | str:
+    def decode_tombstone(self, key_raw: bytes | None) -> list[Any] | str:
         """A tombstone (a null value: Debezium's second message for a delete, the one that log compaction keeps)
         as a delete of its key, with no version: it carries no source block. Its rank comes from the key's other
         changes (:func:`cdcsync.sinks.tombstones.rank_tombstones`)."""
