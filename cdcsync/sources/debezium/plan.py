@@ -142,7 +142,8 @@ class RowPlan:
     def decode_tombstone(self, key_raw: bytes | None) -> list[Any] | str:
         """A tombstone (a null value: Debezium's second message for a delete, the one that log compaction keeps)
         as a delete of its key, with no version: it carries no source block. Its rank comes from the key's other
-        changes (:func:`cdcsync.sinks.tombstones.rank_tombstones`)."""
+        changes (:func:`cdcsync.sinks.tombstones.rank_tombstones`). A key that does not give the source's primary
+        key (a declared key outside the message key) is no dead letter: the tombstone is skipped."""
         values: list[Any] = [None] * len(self.names)
         reason = self.key_from_message(values, key_raw) if self.pk_index is None else self.key_fallback(values, key_raw)
         if reason is not None:
@@ -239,6 +240,8 @@ class RowPlan:
                 raise
             except Exception as error:  # a decoder bug must not fail the query: dead-letter the message
                 result = f"decoder error: {type(error).__name__}: {error}"[:300]
+            if tombstone and type(result) is not list:
+                continue  # a key that does not give the primary key: skipped, as its delete event said it all
             sources.append(i)
             if type(result) is list:
                 if result[-2] is None and not tombstone:
