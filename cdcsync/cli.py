@@ -39,6 +39,12 @@ dev_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(dev_app, name="dev")
+dead_letters_app = typer.Typer(
+    help="Messages that could not be decoded (sources with on_decode_error: dlq): list them, or apply them once "
+    "the configuration is fixed.",
+    no_args_is_help=True,
+)
+app.add_typer(dead_letters_app, name="dead-letters")
 
 out = Console()
 err = Console(stderr=True)
@@ -210,6 +216,23 @@ def _connect(settings: Settings) -> Any:
     return connect_from_settings(settings)
 
 
+def _check_targets(pipeline: Pipeline, settings: Settings, pipeline_file: Path) -> None:
+    """Refuse (exit 2) a target database that lacks a migration, or a ClickHouse table unlike the pipeline's."""
+    from cdcsync import migrations
+    from cdcsync.sinks.clickhouse import startup_check
+
+    with _connect(settings) as conn:
+        migrations.check_ready(
+            migrations.POSTGRES,
+            conn,
+            pipeline.name,
+            settings.migrations_dir,
+            pipeline_file=pipeline_file,
+            pipeline=pipeline,
+        )
+    startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
+
+
 # ------------------------------------------------------------------------------------------------ run
 
 
@@ -231,25 +254,14 @@ def run(
     batch and exits 0. One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
-    from cdcsync import migrations
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
-    from cdcsync.sinks.clickhouse import startup_check
     from cdcsync.sources.kafka import check_kafka_reachable
 
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
-    with _connect(settings) as conn:
-        migrations.check_ready(
-            migrations.POSTGRES,
-            conn,
-            pipeline.name,
-            settings.migrations_dir,
-            pipeline_file=pipeline_file,
-            pipeline=pipeline,
-        )
-    startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
+    _check_targets(pipeline, settings, pipeline_file)
 
     missing = check_kafka_reachable(settings, [s.topic for s in pipeline.streams().values() if s.topic is not None])
     for topic in missing:
@@ -275,7 +287,8 @@ def run(
     for source_id, source_stats in snapshot.sources.items():
         if source_stats.dead_letters:
             out.print(
-                f"source {source_id}: {source_stats.dead_letters} message(s) sent to cdcsync.dead_letters",
+                f"source {source_id}: {source_stats.dead_letters} message(s) sent to cdcsync.dead_letters "
+                f"(fix the configuration, then `cdcsync dead-letters replay {pipeline_file}`)",
                 highlight=False,
             )
 
@@ -358,6 +371,62 @@ def rewind(
             f"the next run reads again from {where}",
             highlight=False,
         )
+# ------------------------------------------------------------------------------------------------ dead letters
+
+
+@dead_letters_app.command("list")
+@handles_errors
+def dead_letters_list(pipeline_file: PipelineArg) -> None:
+    """List the pipeline's dead letters: where each message is in Kafka, when it failed and why."""
+    from cdcsync.db.dead_letters import read_dead_letters
+
+    settings = _settings()
+    pipeline = _pipeline(pipeline_file, settings)
+    letters = read_dead_letters(settings.postgres_dsn, pipeline.name)
+    table = Table("source", "topic/partition@offset", "failed at", "reason")
+    for letter in letters:
+        failed_at = letter.failed_at.strftime("%Y-%m-%d %H:%M:%S %Z")
+        table.add_row(Text(letter.source), Text(letter.where), failed_at, Text(letter.reason))
+    out.print(table)
+    out.print(f"{len(letters)} dead letter(s)", highlight=False)
+
+
+@dead_letters_app.command("replay")
+@handles_errors
+def dead_letters_replay(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None) -> None:
+    """Decode the dead letters again with the pipeline as it is now and apply those that decode to every sink,
+    exactly once and by version, then remove them; the others stay, with the reason they fail with now.
+
+    Run it after fixing the configuration. It takes the pipeline's lock: it exits 2 while a run streams the pipeline.
+    """
+    from cdcsync.runtime.replay import replay_dead_letters
+    from cdcsync.runtime.spark import build_spark_session
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file, settings)
+    _check_targets(pipeline, settings, pipeline_file)
+    started: list[Any] = []
+
+    def start_spark() -> Any:
+        err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
+        started.append(build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}-replay"))
+        return started[0]
+
+    try:
+        results = replay_dead_letters(pipeline, settings, start_spark, str(pipeline_file))
+    finally:
+        for spark in started:
+            spark.stop()
+    if not results:
+        out.print("no dead letters", highlight=False)
+    for result in results:
+        out.print(
+            f"source {escape(result.source)}: {result.applied} dead letter(s) applied and removed, "
+            f"{len(result.still_failing)} still failing",
+            highlight=False,
+        )
+        for letter, reason in result.still_failing[:10]:
+            out.print(f"  {escape(letter.where)}: {escape(reason)}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ dev stack

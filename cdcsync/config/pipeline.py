@@ -89,7 +89,11 @@ class KafkaSource(_Model):
     schema_evolution: Literal["stop", "auto"] = "stop"
     """What ``run`` does when the topic's schema gains a column: ``stop`` (exit 2: run ``cdcsync init`` and
     ``cdcsync migrate``) or ``auto`` (write and apply that migration itself, then carry on)."""
-    on_decode_error: Literal["dlq", "fail"] = "dlq"
+    on_decode_error: Literal["dlq", "fail"] = "fail"
+    """``fail`` (Kafka Connect's own default, ``errors.tolerance=none``): an undecodable message stops the run,
+    naming it, before anything after it is merged. ``dlq`` records it in ``cdcsync.dead_letters`` and goes on, so
+    the key's target row stays stale until ``cdcsync dead-letters replay`` applies it: a choice to make knowingly,
+    not a default that forks a mirror silently."""
     time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
     """The connector's ``time.precision.mode``, for integer times and timestamps in JSON without schemas (with
     schemas, the logical type names say the unit): ``adaptive`` writes ``time(0-3)``/``timestamp(0-3)`` in

@@ -131,7 +131,12 @@ class Report:
         if self.kind is Kind.UNDECODABLE:
             return UndecodableMessage(
                 self.describe(),
-                hint="fix the producer, or set on_decode_error: dlq to route such messages to cdcsync.dead_letters",
+                hint=(
+                    "nothing after it was merged. Either fix the pipeline (a column type, a decoding mode) or the "
+                    "producer and run again, or set `on_decode_error: dlq` on the source to record such messages "
+                    "in cdcsync.dead_letters and go on, then apply them with `cdcsync dead-letters replay "
+                    f"{pipeline_file}` once the configuration is fixed"
+                ),
             )
         message = f"{doing}: {f['message']}" if doing else str(f["message"])
         if self.kind is Kind.SERVICE_UNAVAILABLE:

@@ -126,7 +126,7 @@ class BatchHandler:
         self.schema_registry = schema_registry
         self.settings = settings
         """Needed by ``schema_evolution: auto`` (migrations directory, connections)."""
-        self.specs = _decode_specs(pipeline, source_id, schema_registry)
+        self.specs = decode_specs(pipeline, source_id, schema_registry)
         """By source id: the source's own, or one per table of a ``topic_pattern`` source."""
         self.graph = build_graph(pipeline, source_id, dsn)
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
@@ -183,14 +183,7 @@ class BatchHandler:
     def _decoder(self, dead_letters: Accumulator[int]) -> DecodeTask | TopicDecoders:
         """What decodes this source's rows on the executors: a :class:`DecodeTask`, or one per table (by topic)."""
         writer = None if self.source.on_decode_error == "fail" else self.dead_letter_writer
-        tasks = {
-            source_id: DecodeTask(spec=spec, dead_letters=writer, dead_letter_count=dead_letters)
-            for source_id, spec in self.specs.items()
-        }
-        route = self.pipeline.routes.get(self.source_id)
-        if route is None:
-            return tasks[self.source_id]
-        return TopicDecoders(self.source_id, {topic: tasks[table_id] for topic, table_id in route.items()})
+        return source_decoder(self.pipeline, self.source_id, self.specs, writer, dead_letters)
 
     def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
@@ -241,7 +234,7 @@ class BatchHandler:
             # a fresh lookup: ``recorded`` cached the state before this migration
             self.pipeline = load_pipeline(self.pipeline.path, migrations.recorded_lookup(migrations_dir))
         self.source = self.pipeline.sources[self.source_id]
-        before, self.specs = self.specs, _decode_specs(self.pipeline, self.source_id, self.schema_registry)
+        before, self.specs = self.specs, decode_specs(self.pipeline, self.source_id, self.schema_registry)
         if changed_id not in self.specs or (
             changed_id in before and self.specs[changed_id].columns == before[changed_id].columns
         ):  # landing again would stop the same way
@@ -516,7 +509,26 @@ def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: 
     return lookup
 
 
-def _decode_specs(
+def source_decoder(
+    pipeline: Pipeline,
+    source_id: str,
+    specs: dict[str, DecodeSpec],
+    writer: DeadLetterWriter | None,
+    dead_letters: Accumulator[int] | None = None,
+) -> DecodeTask | TopicDecoders:
+    """What decodes ``source_id``'s Kafka rows on the executors: a :class:`DecodeTask`, or one per table of a
+    ``topic_pattern`` source (by topic). ``writer`` None: an undecodable message stops the batch."""
+    tasks = {
+        decoded_id: DecodeTask(spec=spec, dead_letters=writer, dead_letter_count=dead_letters)
+        for decoded_id, spec in specs.items()
+    }
+    route = pipeline.routes.get(source_id)
+    if route is None:
+        return tasks[source_id]
+    return TopicDecoders(source_id, {topic: tasks[table_id] for topic, table_id in route.items()})
+
+
+def decode_specs(
     pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None
 ) -> dict[str, DecodeSpec]:
     """The decode spec of the source (of each of its tables, for a ``topic_pattern`` source), with the schema

@@ -43,6 +43,7 @@ from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations.clickhouse import sink_state, table_columns
+from cdcsync.sinks import tombstones
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class ClickHouseWriter:
     :meth:`_fill_unchanged_values`)."""
     binary_columns: tuple[str, ...] = ()
     """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
+    lone_sql: str = ""
+    """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -108,6 +111,11 @@ class ClickHouseWriter:
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
+            lone = tombstones.lone(table)
+            if lone is not None:
+                table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(client, rows))
+                if table.num_rows == 0:
+                    return 0
             table = self._fill_unchanged_values(client, table, moves)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
@@ -221,6 +229,11 @@ class ClickHouseWriter:
                     values[index] = stored[source[key]][name]
             table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
         return table
+    def _stored(self, client: Any, rows: pa.Table) -> list[tuple[int, Any]]:
+        """(position in ``rows``, newest version + 1) of the keys whose newest row is live."""
+        keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
+        found = client.query(self.lone_sql, parameters={"keys": keys}).result_rows
+        return [(int(position) - 1, int(version)) for position, version in found]
 
     def _upsert_and_delete(self, client: Any, rows: pa.Table, may_move: pa.ChunkedArray, token: str) -> int:
         import pyarrow.compute as pc
@@ -322,6 +335,12 @@ class ClickHouseTableSink(LedgeredSink):
             primary_key=self.primary_key,
             key_types=self.key_types,
         )
+        self._lone_sql = render(
+            "clickhouse/runtime/lone_tombstones.sql.j2",
+            target=(sink.database, sink.table),
+            primary_key=self.primary_key,
+            key_types=self.key_types,
+        )
         self._markers_sql = ""
         if sink.partition_by and clickhouse_types.partition_columns(sink.partition_by, self.columns) - set(
             self.primary_key
@@ -383,6 +402,7 @@ class ClickHouseTableSink(LedgeredSink):
             toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
             stored_values_sql=self._stored_values_sql,
             binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
+            lone_sql=self._lone_sql,
         )
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:

@@ -28,6 +28,7 @@ from cdcsync.core import names
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
+from cdcsync.sinks import tombstones
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class StageWriter:
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
     mark_moves: bool = False
     """Also stage :func:`move_markers` (a hard-delete sink with such columns)."""
+    lone_sql: tuple[str, ...] = ()
+    """Create, COPY, select: the stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
 
     def stage(self, table: pa.Table) -> int:
         """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
@@ -68,13 +71,28 @@ class StageWriter:
         table = newest_per_key(table, self.primary_key, self.toastable, keep_key_moves=True)
         if markers is not None and markers.num_rows:
             table = pa.concat_tables([table, markers.select(table.column_names)])
-        payload = _to_csv(table, self.columns, self.batch_id)
         try:
-            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
-                copy.write(payload)
+            with psycopg.connect(self.dsn) as conn:
+                lone = tombstones.lone(table)
+                if lone is not None:
+                    table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(conn, rows))
+                with conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                    copy.write(_to_csv(table, self.columns, self.batch_id))
         except psycopg.Error as error:
             raise task_failure(f"{self.sink_label}: COPY into the staging table failed", error) from None
         return table.num_rows
+
+    def _stored(self, conn: Any, rows: pa.Table) -> list[tuple[int, Any]]:
+        """(position in ``rows``, stored version + 1) of the keys the target holds live."""
+        import pyarrow as pa
+
+        create, copy_sql, select = self.lone_sql
+        positions = pa.array(range(rows.num_rows), pa.int32())
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(create)
+            with cur.copy(copy_sql) as copy:
+                copy.write(arrow_to_copy_csv([positions, *(rows.column(k) for k in self.primary_key)]))
+            return [(int(pos), version) for pos, version in cur.execute(select).fetchall()]
 
 
 def newest_per_key(
@@ -96,13 +114,18 @@ def newest_per_key(
     hold a placeholder (such a create is the new key of a move, and a later change of the new key in the batch
     may be the one that lands), and for a key whose newest change is a delete, the change before it (the values
     the delete removes, carried like a newest change's). The merge's own collapse still lands only the newest.
+    Tombstones are ranked first (:func:`cdcsync.sinks.tombstones.rank_tombstones`); one that stays without a
+    version (lone) loses to any change of its key here, and is ranked against the target by the caller.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    table = tombstones.rank_tombstones(table, primary_key)
     if table.num_rows <= 1:
         return table
     order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
+    if "_cdc_offset" in table.column_names:  # a tie (a tombstone and the delete it follows): the later message
+        order.append(("_cdc_offset", "descending"))
     table = table.sort_by(order)
     first_of_run: pa.Array | None = None
     for key in primary_key:
@@ -140,7 +163,9 @@ def move_markers(table: pa.Table) -> pa.Table:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    deleted = pc.fill_null(pc.equal(table.column("_cdc_op"), "d"), False)
+    # A tombstone (a delete without a version, see cdcsync.sinks.tombstones) is never half of a key change.
+    versioned = pc.is_valid(table.column("_cdc_version"))
+    deleted = pc.fill_null(pc.and_(pc.equal(table.column("_cdc_op"), "d"), versioned), False)
     if "_cdc_offset" not in table.column_names or not pc.any(deleted).as_py():
         return table.slice(0, 0)
     last = {

@@ -76,7 +76,7 @@ def test_unknown_schema_ids_and_truncated_bodies_are_dead_letters_or_stop_the_ru
     ]
     workload.produce(kafka_bootstrap, topic_name, events[:300] + bad + events[300:])
 
-    project = _avro_project(make_project, schema_registry_url, "avro_dlq", topic_name)
+    project = _avro_project(make_project, schema_registry_url, "avro_dlq", topic_name, on_decode_error="dlq")
     project.prepare()
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     columns = list(workload.ORDERS_COLUMNS)
@@ -124,7 +124,7 @@ def test_a_registry_outage_stops_the_run_and_dead_letters_nothing(
         probe.bind(("127.0.0.1", 0))
         away = f"http://127.0.0.1:{probe.getsockname()[1]}/apis/ccompat/v7"
 
-    project = _avro_project(make_project, away, "avro_outage", topic_name)
+    project = _avro_project(make_project, away, "avro_outage", topic_name, on_decode_error="dlq")
     project.env["CDCSYNC__SCHEMA_REGISTRY__RETRY_TIMEOUT_S"] = "1"
     project.prepare()
     result = project.cdcsync("run", str(project.pipeline_file), "--available-now", check=False)

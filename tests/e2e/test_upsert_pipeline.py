@@ -49,7 +49,7 @@ def test_changes_dead_letters_and_stale_replays(
     malformed = workload.malformed_events(wrapped=False)
     events = load.events[:20_000] + malformed + load.events[20_000:]
     workload.produce(kafka_bootstrap, topic_name, events)
-    project = make_project(orders_pipeline(topic_name, max_offsets_per_trigger=15_000))
+    project = make_project(orders_pipeline(topic_name, max_offsets_per_trigger=15_000, on_decode_error="dlq"))
     project.prepare()
 
     first = project.cdcsync("run", str(project.pipeline_file), "--available-now")

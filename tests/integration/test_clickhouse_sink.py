@@ -269,6 +269,31 @@ def test_partition_by_a_non_key_column_never_resurrects_a_deleted_or_moved_row(
     assert raw == expected
 
 
+@pytest.mark.parametrize("append_only", [True, False], ids=["append-only", "lightweight-deletes"])
+def test_lone_tombstones_delete_the_stored_row_and_rank_just_above_it(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str, append_only: bool
+) -> None:
+    """A tombstone whose delete event compaction removed (null version) deletes what the table holds for its key,
+    with a version one above it: a stale change replayed later stays hidden, a re-insert after it shows."""
+    client = clickhouse_database.client()
+    pipeline = _pipeline(
+        clickhouse_database.database, append_only_mode=append_only, partition_by="ifNull(status, 'none')"
+    )
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    sink.stage_writer(0, "c").stage(_changes([("a", 1, "c", 10, "new"), ("a", 2, "c", 11, "new")]))
+    lone = [("a", 1, "d", None, None), ("a", 9, "d", None, None), ("a", 2, "d", None, None), ("a", 2, "c", 30, "x")]
+    sink.stage_writer(1, "c").stage(_changes(lone))  # type: ignore[arg-type]
+    assert _current(client, clickhouse_database.database) == [("a", 2, "x", 30)]
+    if append_only:  # (lightweight deletes keep no delete row to outrank a stale change, tombstone or not)
+        sink.stage_writer(2, "c").stage(_changes([("a", 1, "u", 10, "stale")]))
+        assert _current(client, clickhouse_database.database) == [("a", 2, "x", 30)]
+    client.command("OPTIMIZE TABLE orders FINAL")
+    assert _current(client, clickhouse_database.database) == [("a", 2, "x", 30)]
+
+
 def test_partition_markers_of_a_large_batch(
     clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
 ) -> None:

@@ -75,7 +75,7 @@ def sink(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) -> P
 def change(
     op: str,
     key: int | None,
-    version: int,
+    version: int | None,
     name: str | None = "n",
     amount: str | None = "1.00",
     blob: bytes | None = None,
@@ -135,6 +135,43 @@ def test_delete_then_stale_replay_does_not_resurrect(sink: PostgresUpsertSink) -
     land(sink, 2, [change("u", 1, 30, "stale")])
     assert 1 not in live(sink)
     land(sink, 3, [change("c", 1, 50, "back")])
+    assert live(sink)[1]["Name"] == "back"
+
+
+def test_lone_tombstones_delete_what_the_target_holds_and_rank_just_above_it(sink: PostgresUpsertSink) -> None:
+    """A compacted topic keeps a delete's tombstone (null version) and not the delete: it must still delete, rank
+    above the stored row (an older change replayed later must not bring it back), and below a later re-insert."""
+    schema = SCHEMA.append(pa.field("_cdc_offset", pa.int64()))
+
+    def at(offset: int, row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "_cdc_offset": offset}
+
+    def stage(batch_id: int, rows: list[dict[str, Any]]) -> None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=schema))
+        sink.merge(key)
+
+    def tombstone(key: int) -> dict[str, Any]:
+        return change("d", key, None, None, None)
+
+    stage(0, [at(1, change("c", 1, 10, "a")), at(2, change("c", 2, 11, "b")), at(3, change("c", 3, 12, "c"))])
+    stage(
+        1,
+        [
+            at(10, tombstone(1)),  # lone: the delete is gone
+            at(11, tombstone(9)),  # a key never stored
+            at(12, tombstone(2)),
+            at(13, change("c", 2, 30, "again")),  # re-inserted after the tombstone
+            at(14, change("u", 3, 20, "c2")),
+            at(15, tombstone(3)),  # ranks with the update
+        ],
+    )
+    rows = live(sink)
+    assert set(rows) == {2} and (rows[2]["Name"], rows[2]["_cdc_version"]) == ("again", 30)
+    stage(2, [at(20, change("u", 1, 10, "stale")), at(21, change("u", 3, 20, "stale"))])  # replays of older changes
+    assert set(live(sink)) == {2}
+    stage(3, [at(30, change("c", 1, 40, "back"))])
     assert live(sink)[1]["Name"] == "back"
 
 

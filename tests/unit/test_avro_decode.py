@@ -301,7 +301,7 @@ def test_the_same_changes_decode_to_the_same_rows_as_json(registry: Any) -> None
         avro_spec = spec_for(access, columns, primary_key)
         from_json = decode(json_spec, [(e.key, e.value) for e in wrapped.events])
         from_avro = decode(avro_spec, avro_messages)
-        assert len(from_avro) == plain.changes and all(r["_dlq_reason"] is None for r in from_avro)
+        assert len(from_avro) == len(avro_messages) and all(r["_dlq_reason"] is None for r in from_avro)
         assert from_avro == from_json
 
 

@@ -59,7 +59,7 @@ def test_valid_pipeline_loads_with_defaults() -> None:
     sink = pipeline.sinks["orders_mirror"]
     assert pipeline.sink_primary_key(sink) == ["id"]
     assert sink.delete_mode == "hard"
-    assert pipeline.sources["orders"].on_decode_error == "dlq"
+    assert pipeline.sources["orders"].on_decode_error == "fail"  # Kafka Connect's default
     assert pipeline.sources["orders"].format == "json"
 
 

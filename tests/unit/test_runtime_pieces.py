@@ -15,7 +15,9 @@ from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import with_retries
 from cdcsync.runtime.checkpoint import committed_offsets
+from cdcsync.runtime.replay import replay_batch_id
 from cdcsync.runtime.stream import _lag
+from cdcsync.sinks import tombstones
 from cdcsync.sinks.postgres import newest_per_key
 
 
@@ -351,3 +353,43 @@ def test_the_uuid_placeholder_is_javas_name_based_uuid_of_the_placeholder() -> N
     from cdcsync.config.toast import PLACEHOLDER_UUID
 
     assert PLACEHOLDER_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"
+
+
+def test_a_tombstone_ranks_with_its_keys_earlier_change_in_the_task_and_stays_unranked_alone() -> None:
+    """Offsets, not row order, say what came before; a tie with the delete it follows goes to the later message."""
+    table = pa.table(
+        {
+            "a": [1, 2, 1, 3, 3, 4, 4],
+            "_cdc_op": ["d", "d", "u", "d", "c", "c", "d"],
+            "_cdc_version": pa.array([None, None, 7, None, 30, 40, 50], pa.int64()),
+            "_cdc_offset": [12, 10, 11, 20, 21, 30, 31],
+        }
+    )
+    ranked = tombstones.rank_tombstones(table, ("a",))
+    assert ranked["_cdc_version"].to_pylist() == [7, None, 7, None, 30, 40, 50]
+    newest = {
+        row["a"]: (row["_cdc_op"], row["_cdc_version"], row["_cdc_offset"])
+        for row in newest_per_key(table, ("a",)).to_pylist()
+    }
+    # 1: the tombstone after the update deletes (tie at 7, later offset); 2: alone, ranked later against the target;
+    # 3: a re-insert after the tombstone wins; 4: an ordinary delete.
+    assert newest == {1: ("d", 7, 12), 2: ("d", None, 10), 3: ("c", 30, 21), 4: ("d", 50, 31)}
+
+
+def test_lone_tombstones_take_the_stored_version_or_are_dropped() -> None:
+    table = pa.table({"a": [1, 2, 3], "_cdc_version": pa.array([None, 5, None], pa.int64())})
+    mask = tombstones.lone(table)
+    assert mask is not None and tombstones.lone(table.filter(pa.array([False, True, False]))) is None
+    seen: list[list[int]] = []
+
+    def lookup(rows: pa.Table) -> list[tuple[int, int]]:
+        seen.append(rows["a"].to_pylist())
+        return [(0, 11)]  # key 1 is stored at version 10; key 3 is not stored
+
+    ranked = tombstones.with_stored_versions(table, mask, lookup)
+    assert seen == [[1, 3]] and ranked.to_pylist() == [{"a": 1, "_cdc_version": 11}, {"a": 2, "_cdc_version": 5}]
+
+
+def test_a_replay_of_the_same_dead_letters_has_the_same_ledger_batch_id() -> None:
+    assert replay_batch_id([3, 1, 2]) == replay_batch_id([1, 2, 3]) != replay_batch_id([1, 2])
+    assert 0 <= replay_batch_id([1, 2, 3]) < 2**63

@@ -5,8 +5,9 @@ pure Python plus pyarrow, picklable, and it never raises for bad input. A messag
 a *dead-letter row*: business and ``_cdc_*`` value columns null, ``_cdc_topic`` / ``_cdc_partition`` /
 ``_cdc_offset`` set, ``_dlq_reason`` saying what is wrong, ``_dlq_report`` the same as a
 :class:`~cdcsync.core.reports.Report` (a schema change is one too: the task stops the batch at it), and
-``_dlq_key`` / ``_dlq_value`` holding the raw bytes. Good rows have the ``_dlq_*`` columns null. Tombstones (null
-values) produce no row at all.
+``_dlq_key`` / ``_dlq_value`` holding the raw bytes. Good rows have the ``_dlq_*`` columns null. A tombstone (null
+value) is a delete of its key with a null ``_cdc_version`` (``RowPlan.decode_tombstone``);
+one without a key produces no row.
 """
 
 from __future__ import annotations

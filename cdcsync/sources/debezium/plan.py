@@ -139,6 +139,17 @@ class RowPlan:
         is the second attempt, after a converter asked for the exact text of a number (:class:`Reparse`)."""
         raise NotImplementedError
 
+    def decode_tombstone(self, key_raw: bytes | None) -> list[Any] | str:
+        """A tombstone (a null value: Debezium's second message for a delete, the one that log compaction keeps)
+        as a delete of its key, with no version: it carries no source block. Its rank comes from the key's other
+        changes (:func:`cdcsync.sinks.tombstones.rank_tombstones`). A key that does not give the source's primary
+        key (a declared key outside the message key) is no dead letter: the tombstone is skipped."""
+        values: list[Any] = [None] * len(self.names)
+        reason = self.key_from_message(values, key_raw) if self.pk_index is None else self.key_fallback(values, key_raw)
+        if reason is not None:
+            return f"tombstone: {reason}"
+        return [*values, "d", None, None]
+
     # ---- the primary key -------------------------------------------------------------------------------------
 
     def key_fallback(self, values: list[Any], key_raw: bytes | None) -> str | None:
@@ -219,17 +230,21 @@ class RowPlan:
         decode = self.decode_message
         null_row = self.null_row
         for i, raw in enumerate(values_in):
-            if raw is None:  # tombstone
-                continue
+            key_raw = keys_in[i]
+            tombstone = raw is None
+            if tombstone and key_raw is None:
+                continue  # nothing to delete
             try:
-                result = decode(raw, keys_in[i])
+                result = decode(raw, key_raw) if raw is not None else self.decode_tombstone(key_raw)
             except ReportedFailure:  # an infrastructure fault (the registry): fail the task, dead-letter nothing
                 raise
             except Exception as error:  # a decoder bug must not fail the query: dead-letter the message
                 result = f"decoder error: {type(error).__name__}: {error}"[:300]
+            if tombstone and type(result) is not list:
+                continue  # a key that does not give the primary key: skipped, as its delete event said it all
             sources.append(i)
             if type(result) is list:
-                if result[-2] is None:
+                if result[-2] is None and not tombstone:
                     if offsets_in is None:
                         offsets_in = batch.column(names.index("offset")).to_pylist()
                     result[-2] = offsets_in[i] - (SNAPSHOT_SHIFT if result[-3] == "r" else 0)
