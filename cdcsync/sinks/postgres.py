@@ -260,6 +260,11 @@ class PostgresUpsertSink(LedgeredSink):
             if self.retains_moves
             else self._truncate_sql
         )
+        self._lone_sql = tuple(
+            _split_statements(
+                render("postgres/runtime/lone_tombstones.sql.j2", **template_values, delete_mode=sink.delete_mode)
+            )
+        )
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
         truncate_values = {
             "internal_schema": names.INTERNAL_SCHEMA,
@@ -300,6 +305,7 @@ class PostgresUpsertSink(LedgeredSink):
             sink_label=self.label,
             toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
             mark_moves=self.retains_moves,
+            lone_sql=self._lone_sql,
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:
