@@ -25,6 +25,12 @@ DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
 
 # Columns of the mirror table beside the business columns.
 VERSION_COLUMN = "_cdc_version"
+VERSION_TYPE = "numeric(38,0)"
+"""Postgres type of every version column (mirrors, staging, tombstones, truncate watermarks): a commit position
+(commit LSN, LSN) packed into 128 bits (:mod:`cdcsync.sources.debezium.envelope`). ``bigint`` before; ``cdcsync
+init`` writes the upgrade."""
+CLICKHOUSE_VERSION_TYPE = "UInt128"
+"""ClickHouse type of ``_version`` (``UInt64`` before)."""
 TS_COLUMN = "_cdc_ts"
 DELETED_COLUMN = "_cdc_deleted"  # soft delete mode only
 # Columns of the staging table beside the business columns.

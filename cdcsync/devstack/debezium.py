@@ -164,16 +164,16 @@ def connector_config(
 ) -> dict[str, str]:
     """A Debezium Postgres connector config with the defaults cdcsync is tested against.
 
-    ``tables`` (``schema.table``) makes a publication of exactly those tables (``filtered``); without it the
-    publication covers all tables (``all_tables``, needs a superuser) so tables created later are captured too,
-    and ``schemas`` (default ``public``) decides which of them Debezium publishes. Decimals stay exact
-    (``precise``, which needs schemas in the JSON to carry the scale), times follow the column precision
-    (``adaptive``), a new slot starts with a snapshot (``initial``), and truncates are published
-(``skipped.operations=none``; Debezium's default skips them). ``overrides`` win over everything.
+        ``tables`` (``schema.table``) makes a publication of exactly those tables (``filtered``); without it the
+        publication covers all tables (``all_tables``, needs a superuser) so tables created later are captured too,
+        and ``schemas`` (default ``public``) decides which of them Debezium publishes. Decimals stay exact
+        (``precise``, which needs schemas in the JSON to carry the scale), times follow the column precision
+        (``adaptive``), a new slot starts with a snapshot (``initial``), and truncates are published
+    (``skipped.operations=none``; Debezium's default skips them). ``overrides`` win over everything.
 
-    ``value_format="avro"`` writes keys and values with Apicurio's AvroConverter in the Confluent wire format,
-    registering schemas in the Apicurio Registry whose Confluent-compatible API is at ``schema_registry_url`` (like
-    the dev stack's; see :func:`avro_converter_config`); ``schemas_enable`` is then moot.
+        ``value_format="avro"`` writes keys and values with Apicurio's AvroConverter in the Confluent wire format,
+        registering schemas in the Apicurio Registry whose Confluent-compatible API is at ``schema_registry_url`` (like
+        the dev stack's; see :func:`avro_converter_config`); ``schemas_enable`` is then moot.
     """
     if value_format not in VALUE_FORMATS:
         raise ConfigError(

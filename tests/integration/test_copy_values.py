@@ -34,7 +34,7 @@ def test_dates_and_timestamps_of_the_whole_postgres_range_land_exactly(postgres_
         None,
     ]
     expected = [
-        ("4714-11-24 BC", "4714-11-24 00:00:00 BC", "4714-11-24 00:00:00+00 BC", "{\"4714-11-24 BC\",NULL}"),
+        ("4714-11-24 BC", "4714-11-24 00:00:00 BC", "4714-11-24 00:00:00+00 BC", '{"4714-11-24 BC",NULL}'),
         ("5874897-12-31", "294247-01-09 23:59:59.999999", "294247-01-09 23:59:59.999999+00", "{5874897-12-31,NULL}"),
         ("infinity", "infinity", "infinity", "{infinity,NULL}"),
         ("-infinity", "-infinity", "-infinity", "{-infinity,NULL}"),

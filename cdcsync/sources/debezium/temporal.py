@@ -76,6 +76,8 @@ def _civil_days(year: int, month: int, day: int) -> int:
     if not 1 <= month <= 12 or civil_from_days(days) != (year, month, day):
         raise ValueError(f"{year}-{month}-{day}")
     return days
+
+
 _TIME_RE = re.compile(r"([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?")
 
 

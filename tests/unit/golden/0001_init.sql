@@ -13,8 +13,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null}}}
+-- checksum: sha256:20728576e917a2ba2717576e5924cc3103d516e5700abe79d0938f017434fe28
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null,"version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -56,7 +56,7 @@ COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not b
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
-    "version" bigint NOT NULL,
+    "version" numeric(38,0) NOT NULL,
     "truncated_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
@@ -87,7 +87,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders" (
     "customer_id" bigint,
     "amount" numeric(12,2),
     "note" text,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     PRIMARY KEY ("id")
 );
@@ -100,14 +100,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
     "amount" numeric(12,2),
     "note" text,
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
     "id" bigint NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';
@@ -119,7 +119,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders_soft" (
     "customer_id" bigint,
     "amount" numeric(12,2),
     "note" text,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     "_cdc_deleted" boolean NOT NULL DEFAULT false,
     PRIMARY KEY ("id")
@@ -133,12 +133,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_soft__stage" (
     "amount" numeric(12,2),
     "note" text,
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_soft'': micro-batches are copied here, then merged into "app"."orders_soft"';
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:015abff12d58834584a5024dada626571cf371d39bc34634665aff39dba6b9db')
+VALUES ('shop', '0001_init.sql', 'sha256:20728576e917a2ba2717576e5924cc3103d516e5700abe79d0938f017434fe28')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -12,8 +12,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:89422cd8d8bcd5cbbc40b915a79daeb7295f0b5a54258860495daa4453ac81e4
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones"}}}
+-- checksum: sha256:74712cb968a44f68b1754846b8e2b215c62c14304842ca32fb6af08ca8a23e76
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -55,7 +55,7 @@ COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not b
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
-    "version" bigint NOT NULL,
+    "version" numeric(38,0) NOT NULL,
     "truncated_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
@@ -90,7 +90,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders_state" (
     "price" double precision,
     "paid" boolean,
     "meta" jsonb,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     PRIMARY KEY ("id")
 );
@@ -107,14 +107,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__revenue__stage" (
     "paid" boolean,
     "meta" jsonb,
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__revenue__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''revenue'': micro-batches are copied here, then merged into "app"."orders_state"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__revenue__tombstones" (
     "id" bigint NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
 COMMENT ON TABLE "cdcsync"."shop__revenue__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''revenue'': keys hard-deleted from "app"."orders_state" and the version of their delete';
@@ -347,5 +347,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:89422cd8d8bcd5cbbc40b915a79daeb7295f0b5a54258860495daa4453ac81e4')
+VALUES ('shop', '0001_init.sql', 'sha256:74712cb968a44f68b1754846b8e2b215c62c14304842ca32fb6af08ca8a23e76')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

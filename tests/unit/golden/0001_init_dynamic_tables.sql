@@ -12,8 +12,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f
--- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":3,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones"}}}
+-- checksum: sha256:6eaf4c5cfcae96399e97c1e353c0450cb8d334f09e3c73b3ce4dfb3654a39648
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -55,7 +55,7 @@ COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not b
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
-    "version" bigint NOT NULL,
+    "version" numeric(38,0) NOT NULL,
     "truncated_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
@@ -85,7 +85,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders" (
     "id" bigint NOT NULL,
     "customer_id" bigint,
     "amount" numeric(12,2),
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     PRIMARY KEY ("id")
 );
@@ -97,14 +97,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
     "customer_id" bigint,
     "amount" numeric(12,2),
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
     "id" bigint NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';
@@ -149,5 +149,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:6edec3afd87b6814f7999426033b914da6b9701365af972026bdf302b230c94f')
+VALUES ('shop', '0001_init.sql', 'sha256:6eaf4c5cfcae96399e97c1e353c0450cb8d334f09e3c73b3ce4dfb3654a39648')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -38,7 +38,7 @@ COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not b
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
-    "version" bigint NOT NULL,
+    "version" numeric(38,0) NOT NULL,
     "truncated_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
