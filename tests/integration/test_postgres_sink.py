@@ -26,7 +26,7 @@ SCHEMA = pa.schema(
         ("amount", pa.decimal128(12, 2)),
         ("blob", pa.binary()),
         ("_cdc_op", pa.string()),
-        ("_cdc_version", pa.int64()),
+        ("_cdc_version", pa.decimal128(38, 0)),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -254,7 +254,7 @@ TYPED_SCHEMA = pa.schema(
         ("vflags", pa.string()),
         ("t0", pa.string()),
         ("_cdc_op", pa.string()),
-        ("_cdc_version", pa.int64()),
+        ("_cdc_version", pa.decimal128(38, 0)),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
     ]
 )
