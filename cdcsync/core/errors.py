@@ -75,6 +75,11 @@ class PipelineLocked(UserError):
     """Another run of the pipeline holds its lock (:mod:`cdcsync.runtime.lock`); the message names it (exit 2)."""
 
 
+class SourceWentBack(UserError):
+    """The source's positions went backwards (restored from a backup, replaced): merging would rank its changes
+    below what the target already holds."""
+
+
 class ServiceError(CdcsyncError):
     """A service (Kafka, Postgres, the dev stack) failed or could not be reached."""
 

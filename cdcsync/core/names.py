@@ -15,6 +15,7 @@ SCHEMA_MIGRATIONS_TABLE = "schema_migrations"
 BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
 TRUNCATIONS_TABLE = "truncations"
+SOURCE_POSITIONS_TABLE = "source_positions"
 DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
 DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
     ("_cdc_pipeline", "text"),

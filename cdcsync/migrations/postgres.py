@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 DATABASE = "postgres"
 INTERNAL_VERSION = 4
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
-trigger function, 4 made truncate watermarks ``numeric(38,0)``. States without it are version 1."""
+trigger function, 4 made truncate watermarks ``numeric(38,0)`` and added ``source_positions``. States without it
+are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -45,6 +46,7 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
         "the change counter of dynamic tables, and the trigger function bumping it",
     ),
     (4, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
+    (4, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 
@@ -403,6 +405,7 @@ class PostgresTarget:
                 f"schema {quote_ident(internal_schema)} with tables "
                 f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
                 f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}, "
+                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, "
                 f"{quote_ident(names.DYNAMIC_TABLE_CHANGES_TABLE)}"
             ]
             for sink_id, sink in sorted(state["sinks"].items()):

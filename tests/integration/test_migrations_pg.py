@@ -263,7 +263,11 @@ def test_bigint_versions_are_widened_in_place_and_run_refuses_until_then(
     assert written == ["0002_upgrade_internal_tables.sql", "0003_upgrade_versions_mirror.sql"]
     migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
     migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
-    for schema, table in (("app", "orders"), ("cdcsync", "shop__mirror__stage"), ("cdcsync", "shop__mirror__tombstones")):
+    for schema, table in (
+        ("app", "orders"),
+        ("cdcsync", "shop__mirror__stage"),
+        ("cdcsync", "shop__mirror__tombstones"),
+    ):
         assert ("_cdc_version", "numeric", "NO") in columns_of(conn, schema, table)
     stored = conn.execute('SELECT "_cdc_version" FROM app.orders ORDER BY id').fetchall()
     watermark = conn.execute("SELECT version FROM cdcsync.truncations WHERE sink = 'mirror'").fetchone()

@@ -446,7 +446,10 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
 
 @pytest.mark.parametrize(
     ("old_version", "creates"),
-    [(None, ["truncations", "dynamic_table_changes"]), (2, ["dynamic_table_changes"])],
+    [
+        (None, ["truncations", "dynamic_table_changes", "source_positions"]),
+        (2, ["dynamic_table_changes", "source_positions"]),
+    ],
 )
 def test_internal_upgrade_creates_what_the_old_version_lacks(
     migrations_dir: Path, old_version: int | None, creates: list[str]

@@ -1,7 +1,7 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "dynamic_table_changes"
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "dynamic_table_changes"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -13,7 +13,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:20728576e917a2ba2717576e5924cc3103d516e5700abe79d0938f017434fe28
+-- checksum: sha256:8a22e1b8f4f82a24a2b999bcede7917edca00505d7996c8e69f820dd0f407d6f
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null,"version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
@@ -61,6 +61,15 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
+    "pipeline" text,
+    "sink" text,
+    "position" numeric(38,0) NOT NULL,
+    "seen_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink")
+);
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -140,5 +149,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:20728576e917a2ba2717576e5924cc3103d516e5700abe79d0938f017434fe28')
+VALUES ('shop', '0001_init.sql', 'sha256:8a22e1b8f4f82a24a2b999bcede7917edca00505d7996c8e69f820dd0f407d6f')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

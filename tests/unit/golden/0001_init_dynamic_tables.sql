@@ -1,7 +1,7 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "dynamic_table_changes"
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "dynamic_table_changes"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -12,7 +12,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:6eaf4c5cfcae96399e97c1e353c0450cb8d334f09e3c73b3ce4dfb3654a39648
+-- checksum: sha256:e183a8284b1d6fd7a30fab07d85ff6c202a86410bb944a13f8eeb7149b48f962
 -- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
@@ -60,6 +60,15 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
+    "pipeline" text,
+    "sink" text,
+    "position" numeric(38,0) NOT NULL,
+    "seen_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink")
+);
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -149,5 +158,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:6eaf4c5cfcae96399e97c1e353c0450cb8d334f09e3c73b3ce4dfb3654a39648')
+VALUES ('shop', '0001_init.sql', 'sha256:e183a8284b1d6fd7a30fab07d85ff6c202a86410bb944a13f8eeb7149b48f962')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
