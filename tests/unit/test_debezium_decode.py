@@ -282,6 +282,15 @@ def test_version_follows_commit_order_across_interleaved_transactions() -> None:
     assert insert == (340 << 64) + 100
 
 
+def test_commit_order_reads_the_same_with_and_without_schemas() -> None:
+    fields = [field("id", "int64"), field("name", "string")]
+    late = change("c", after={"id": 7, "name": "x"}, lsn=100, sequence='["340","100"]')
+    early = change("d", before={"id": 7, "name": "x"}, lsn=300, sequence='["250","300"]')
+    plain = versions(early, late)
+    with_schemas = decode(BASIC, [(key(7), wrapped(early, fields)), (key(7), wrapped(late, fields))])
+    assert [int(row["_cdc_version"]) for row in with_schemas] == plain and plain[0] < plain[1]
+
+
 def test_snapshot_reads_rank_below_the_streamed_changes_after_them() -> None:
     """An initial snapshot with fresh offsets stamps ``[null, S]``; the first transaction after it carries no last
     commit and may have begun before S (a lower LSN); the next one carries the first one's commit end."""
