@@ -149,26 +149,20 @@ PAYLOAD_TAIL = """
 and the Kafka timestamp); a dead-letter reason when the position does not fit a version."""
 
 
-def _lsn(text: str) -> int | None:
-    if text == "null":
-        return None
-    if text[:1] == '"' and text[-1:] == '"' and text[1:-1].isdigit():
-        return int(text[1:-1])
-    raise ValueError(text)
-
-
 def change_position(source: dict[str, Any], op: str) -> int | str | None:
     """The version of a change from its ``source`` block (see the module docstring), None when the block has no
     integer LSN (the caller falls back to :func:`offset_version`), or a dead-letter reason."""
     commit = lsn = None
     sequence = source.get("sequence")
-    if type(sequence) is str and sequence[:1] == "[" and sequence[-1:] == "]":
-        try:
-            parts = sequence[1:-1].split(",")
-            if len(parts) == 2:
-                commit, lsn = _lsn(parts[0]), _lsn(parts[1])
-        except ValueError:
-            commit = lsn = None
+    if type(sequence) is str:
+        # Debezium writes '["<commit>","<lsn>"]'; the commit may be null: '[null,"<lsn>"]'.
+        middle = sequence.find('","')
+        if middle > 2 and sequence[:2] == '["' and sequence[-2:] == '"]':
+            text, lsn_text = sequence[2:middle], sequence[middle + 3 : -2]
+            if text.isdigit() and lsn_text.isdigit():
+                commit, lsn = int(text), int(lsn_text)
+        elif sequence[:7] == '[null,"' and sequence[-2:] == '"]' and sequence[7:-2].isdigit():
+            lsn = int(sequence[7:-2])
     if lsn is None:
         lsn = source.get("lsn")
         if type(lsn) is not int:

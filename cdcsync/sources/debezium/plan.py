@@ -289,6 +289,11 @@ class RowPlan:
         if not pa.types.is_decimal(arrow_type):
             return pa.array(column, type=arrow_type)
         # Decimal columns hold unscaled integers: 16-byte two's complement is the decimal128 layout itself.
+        # A failed int64 conversion costs more than the wide path, so a column whose first value is wide (every
+        # streamed _cdc_version) goes there at once.
+        first = next((u for u in column if u is not None), 0)
+        if not -(2**63) <= first < 2**63:
+            return self._wide_decimals(column, arrow_type)
         try:
             unscaled = pa.array(column, type=pa.int64())
         except OverflowError:
