@@ -36,7 +36,7 @@ def make_pipeline(transforms: dict[str, Any], sink_from: str) -> Pipeline:
 
 
 def change(op: str, offset: int, partition: int = 0) -> tuple[Any, ...]:
-    return (op, offset, TS, "orders", partition, offset)
+    return (op, Decimal(offset), TS, "orders", partition, offset)
 
 
 def register_source(spark: Any, pipeline: Pipeline, source_id: str, rows: list[tuple[Any, ...]]) -> None:
