@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults bench bench-avro bench-aggregate bench-clickhouse bench-lookup install jars clean
+.PHONY: demo test lint unit integration e2e faults bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,9 @@ bench-clickhouse: jars
 
 bench-lookup: jars
 	$(BIN)/python benchmarks/lookup.py
+
+bench-peer: jars
+	$(BIN)/python benchmarks/peer_jdbc_sink.py
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

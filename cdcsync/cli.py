@@ -258,6 +258,7 @@ def run(
     runner = PipelineRunner(pipeline, settings, available_now=available_now, wait_for_lock=wait)
     runner.install_signal_handlers()
     with runner.locked():  # before Spark starts: a second runner is refused (or waits) at once
+        runner.check_ledger()  # a checkpoint past what a sink holds is refused before Spark starts too
         err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
         spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
         try:
@@ -314,6 +315,49 @@ def status(pipeline_file: PipelineArg) -> None:
         )
     running = f"{report.running.describe()} holds the pipeline's lock" if report.running else "none"
     out.print(f"running: {running}", highlight=False)
+
+
+# ------------------------------------------------------------------------------------------------ rewind
+
+
+@app.command()
+@handles_errors
+def rewind(
+    pipeline_file: PipelineArg,
+    to_ledger: Annotated[
+        bool,
+        typer.Option("--to-ledger", help="Rewind each source's checkpoint to the last batch every sink has landed."),
+    ] = False,
+    migrations_dir: MigrationsDirOpt = None,
+) -> None:
+    """Make the checkpoints read again the batches a sink lacks: the target went back in time (restored from a
+    backup, failed over to a replica), or a sink was added after the pipeline had run.
+
+    Rewrites each such source's checkpoint so its next batch starts after the last batch every sink has in the
+    ledger (for a sink with none, at the source's start offsets). Sinks that have the re-read changes apply them
+    again, idempotently. Holds the pipeline's lock: refused (exit 2) while a run streams it.
+    """
+    from cdcsync.core.errors import UserError
+    from cdcsync.runtime.checkpoint import rewind_to_ledger
+    from cdcsync.runtime.lock import PipelineLock
+
+    if not to_ledger:
+        raise UserError("say where to rewind to", hint=f"cdcsync rewind {pipeline_file} --to-ledger")
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file, settings)
+    with PipelineLock(settings.postgres_dsn, pipeline.name) as lock:
+        lock.acquire()  # a running query would write over the checkpoint
+        with _connect(settings) as conn:
+            rewound = rewind_to_ledger(conn, pipeline, settings)
+    if not rewound:
+        out.print("nothing to rewind: every sink has every batch its source's checkpoint committed")
+    for done in rewound:
+        where = "its start offsets" if done.to_batch < 0 else f"the end of batch {done.to_batch}"
+        out.print(
+            f"source {escape(done.source)}: checkpoint rewound from batch {done.from_batch} to {done.to_batch}; "
+            f"the next run reads again from {where}",
+            highlight=False,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ dev stack

@@ -12,8 +12,9 @@ Choices, and why:
 * Timestamps (with or without time zone) map to ``DateTime64(6, 'UTC')``: microseconds like Postgres; values
   without a zone are read as UTC, as the decoder already does. ``date`` maps to ``Date32`` (Postgres' range is
   wider than ``Date``'s 1970-2149).
-* ``uuid`` maps to ``UUID``. ``json``/``jsonb``, ``time``, ``interval`` and ``bytea`` become ``String``: ClickHouse's
-  JSON type is still changing between releases, and text compares exactly with the source.
+* ``uuid`` maps to ``UUID``. ``json``/``jsonb``, ``time``, ``interval``, ``bytea`` and ``hstore`` (its Postgres text
+  form) become ``String``: ClickHouse's JSON type is still changing between releases, and text compares exactly
+  with the source.
 * ``time with time zone`` and ``bit``/``bit varying`` become ``String`` (the Postgres text form). Arrays map to
   ``Array(Nullable(<element>))``: Postgres array elements may always be NULL. ClickHouse has no nullable arrays
   (``Nullable(Array(...))`` is refused), so an array column is never ``Nullable`` and a NULL array lands as ``[]``.
@@ -52,6 +53,7 @@ _BASE_BY_PG: dict[str, str] = {
     "json": "String",
     "jsonb": "String",
     "bytea": "String",
+    "hstore": "String",
 }
 
 VERSION_COLUMN = "_version"

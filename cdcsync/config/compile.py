@@ -158,12 +158,17 @@ def _compile_transform(
     columns: Columns,
     specs: dict[str, DynamicTableSpec],
     problems: list[str],
+    placeholders: dict[str, set[str]],
+    source: str,
 ) -> TransformStep | None:
+    """The step of one SQL transform; ``placeholders`` (node -> columns that may hold Debezium's TOAST
+    placeholder) gains the transform's own such columns, those it passes through unchanged."""
     where = query.where
     prefix = f"transforms.{transform_id}"
     before = len(problems)
     if not resolve_columns(query, columns, problems):
         return None
+    _check_placeholder_reads(query, placeholders, source, problems)
     joins = _rewrite_checks(query, specs, columns)
     outputs = _outputs(query, problems)
     if outputs is None:
@@ -253,6 +258,8 @@ def _compile_transform(
         projections.append(column.as_(name, quoted=True))
     select = exp.Select(expressions=projections)
     select = _with_joins(select, input_view(query.input or ""), joins)
+    may_hold = placeholders.get(query.input or "", set())
+    placeholders[transform_id] = {o.name for o in business if o.plain in may_hold and o.name not in overrides}
     return TransformStep(
         id=transform_id,
         input=query.input or "",
@@ -261,6 +268,43 @@ def _compile_transform(
         columns=tuple((o.name, types[o.name]) for o in business),
         dynamic_tables=tuple(sorted({call.expressions[0].name for call in query.checks})),
     )
+
+
+def _check_placeholder_reads(
+    query: Query, placeholders: dict[str, set[str]], source: str, problems: list[str], *, key: bool = False
+) -> None:
+    """Refuse a WHERE or computed column over a column that may hold Debezium's TOAST placeholder.
+
+    An update that leaves a large value unchanged carries the placeholder instead of it: a filter over that column
+    would turn the update into a delete (or keep a row it should drop), a computed column would land a wrong
+    value. Passing the column through unchanged is fine: the sinks keep the stored value for a placeholder. There
+    is no stored value a transform could read instead, so the source must send every value (REPLICA IDENTITY FULL)
+    or declare that the column is never TOASTed. ``key``: the query selects a dynamic table's key, where even a
+    plain column would add the placeholder as a key.
+    """
+    may_hold = placeholders.get(query.input or "", set())
+    if not may_hold:
+        return
+    places: list[tuple[str, exp.Expr]] = []
+    condition = query.select.args.get("where")
+    if condition is not None:
+        places.append(("its WHERE", condition))
+    for projection in query.select.expressions:
+        inner = projection.unalias()
+        if key:
+            places.append(("the key it selects", inner))
+        elif not isinstance(inner, exp.Column):
+            places.append((f"the computed column {short(projection)}", inner))
+    for place, node in places:
+        for name in dict.fromkeys(column.name for column in node.find_all(exp.Column)):
+            if name in may_hold:
+                problems.append(
+                    f"{query.where}: reads '{name}' in {place}, but an update that leaves a large (TOASTed) value "
+                    f"of '{name}' unchanged reaches Kafka with Debezium's placeholder instead of the value, and the "
+                    f"transform would treat the placeholder as data. Set REPLICA IDENTITY FULL on the table of "
+                    f"source '{source}' and declare `replica_identity: full` on it, or, if the values of '{name}' "
+                    f"stay under 2 kB, list it in sources.{source}.untoasted_columns"
+                )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -284,6 +328,8 @@ def _compile_dynamic_table(
     query: Query | None,
     columns: Columns | None,
     problems: list[str],
+    placeholders: dict[str, set[str]],
+    source: str,
 ) -> DynamicTableSpec | None:
     prefix = f"transforms.{table_id}"
     declared = parse_type(f"{prefix}.key_type", table.key_type, problems) if table.key_type else None
@@ -304,6 +350,7 @@ def _compile_dynamic_table(
     where = query.where
     if not resolve_columns(query, columns, problems):
         return None
+    _check_placeholder_reads(query, placeholders, source, problems, key=True)
     projections = query.select.expressions
     if len(projections) != 1:
         problems.append(
@@ -380,12 +427,16 @@ def build_plan(
     sources: dict[str, Columns],
     transforms: dict[str, TransformModel],
     unavailable: set[str] = frozenset(),  # type: ignore[assignment]
+    placeholders: dict[str, set[str]] | None = None,
 ) -> tuple[PipelinePlan, list[str]]:
     """The plan of ``transforms`` over ``sources``, and every problem found (``yaml.path: message``).
 
     ``unavailable`` names declared nodes whose own definition is invalid: reading them is not reported again.
+    ``placeholders``: source -> its columns that may hold Debezium's TOAST placeholder (see
+    :func:`_check_placeholder_reads`).
     """
     problems: list[str] = []
+    placeholders = {source_id: set(names) for source_id, names in (placeholders or {}).items()}
     sql_ids = {tid for tid, t in transforms.items() if isinstance(t, SqlTransform)}
     table_ids = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
     streams = set(sources) | sql_ids
@@ -432,7 +483,13 @@ def build_plan(
             continue  # reported where the problem is
         if isinstance(transform, DynamicTable):
             spec = _compile_dynamic_table(
-                transform_id, transform, query, nodes.get(query.input or "") if query else None, problems
+                transform_id,
+                transform,
+                query,
+                nodes.get(query.input or "") if query else None,
+                problems,
+                placeholders,
+                root.get(query.input or "", "") if query else "",
             )
             if spec is not None:
                 specs[transform_id] = spec
@@ -453,7 +510,9 @@ def build_plan(
                 mismatched = True
         if mismatched:
             continue
-        step = _compile_transform(transform_id, transform, query, nodes[query.input], specs, problems)
+        step = _compile_transform(
+            transform_id, transform, query, nodes[query.input], specs, problems, placeholders, root[query.input]
+        )
         if step is None:
             continue
         steps.append(step)

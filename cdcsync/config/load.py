@@ -17,6 +17,7 @@ from cdcsync.config.checks import (
     check_dynamic_table,
     check_sinks,
     check_source,
+    check_toasted_columns,
     parses,
     validate_entry,
     yaml_path,
@@ -53,11 +54,14 @@ def _plan(
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
     invalid = declared - set(sources) - set(transforms)
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
+    for source_id, source in typed.items():
+        check_toasted_columns(source_id, source, problems)
     if transforms:
         from cdcsync.config.compile import build_plan
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
-        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)))
+        placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
+        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)), placeholders)
         problems.extend(plan_problems)
     planned = {step.id for step in plan.steps}
     invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}

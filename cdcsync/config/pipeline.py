@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SkipValidation, field_validator, model_validator
 
+from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
 from cdcsync.config.plan import PipelinePlan, TransformStep
@@ -94,6 +95,13 @@ class KafkaSource(_Model):
     schemas, the logical type names say the unit): ``adaptive`` writes ``time(0-3)``/``timestamp(0-3)`` in
     milliseconds and finer ones in microseconds, ``adaptive_time_microseconds`` every ``time`` in microseconds,
     ``connect`` everything in milliseconds."""
+    replica_identity: Literal["default", "full"] = "default"
+    """The source table's ``REPLICA IDENTITY`` (``default`` covers ``DEFAULT`` and ``USING INDEX``). Only with
+    ``FULL`` does Debezium send every value of an update; otherwise a large (TOASTed) value the update left
+    unchanged arrives as a placeholder, which limits what transforms may compute from it (docs/transforms.md)."""
+    untoasted_columns: list[str] = Field(default_factory=list)
+    """Columns whose values always stay under Postgres' TOAST threshold (about 2 kB), so that Debezium always
+    sends them: transforms may filter and compute on them, and arrays of them need no placeholder."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     options: dict[str, str] = Field(default_factory=dict)
@@ -142,6 +150,14 @@ class KafkaSource(_Model):
 
     def column_types(self) -> dict[str, PgType]:
         return {name: parse_pg_type(type_text) for name, type_text in self.columns.items()}
+
+    def placeholder_columns(self) -> dict[str, str]:
+        """Value columns whose unchanged large values Debezium may send as its placeholder, by kind
+        (:mod:`cdcsync.config.toast`): none under ``replica_identity: full``."""
+        if self.replica_identity == "full":
+            return {}
+        exempt = {*self.untoasted_columns, *(self.primary_key or [])}
+        return toast.toastable(self.column_types(), exempt)
 
     def adds_nothing(self, schema: SourceSchema) -> bool:
         """True when the declaration already says all ``schema`` says (every column, the key): the declared

@@ -4,8 +4,9 @@ A source declares its business columns with Postgres types because Postgres is w
 one declaration we derive the Spark schema the decoder produces and the DDL the migrations render, so the
 three can never disagree. Types without an exact Spark counterpart travel as strings (``numeric`` without
 precision, ``uuid``, ``json``/``jsonb``, ``time``, ``timetz``, ``interval``, ``bit``/``bit varying``) and are cast
-back by Postgres on COPY, which loses nothing. Arrays (``integer[]``, ``numeric(10,2)[]``, ...) are Spark arrays of
-their element's type; Postgres ignores declared dimensions, and so do we (one-dimensional values only).
+back by Postgres on COPY, which loses nothing; ``hstore`` travels in its Postgres text form. Arrays
+(``integer[]``, ``numeric(10,2)[]``, ...) are Spark arrays of their element's type; Postgres ignores declared
+dimensions, and so do we (one-dimensional values only).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _SPARK_TYPE_BY_CANONICAL: dict[str, str] = {
     "json": "string",
     "jsonb": "string",
     "bytea": "binary",
+    "hstore": "string",  # its Postgres text form, "k"=>"v" (see hstore_text)
 }
 
 _ALIASES: dict[str, str] = {
@@ -171,6 +173,15 @@ def parse_pg_type(text: str) -> PgType:
     if match.group("array"):
         return PgType("array", (), PgType(name, args))
     return PgType(name, args)
+
+
+def hstore_text(pairs: dict[str, str | None]) -> str:
+    """The Postgres text form of an ``hstore`` value (``"k"=>"v", "n"=>NULL``), keys in order, as COPY reads it."""
+
+    def quoted(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return ", ".join(f"{quoted(key)}=>{'NULL' if value is None else quoted(value)}" for key, value in pairs.items())
 
 
 def supported_types_hint() -> str:

@@ -75,6 +75,12 @@ class PipelineLocked(UserError):
     """Another run of the pipeline holds its lock (:mod:`cdcsync.runtime.lock`); the message names it (exit 2)."""
 
 
+class CheckpointAheadError(UserError):
+    """Spark's checkpoint is past batches a sink's ledger lacks: the target went back in time (a restore, a failover
+    to a replica that had not caught up), or the sink was added after the pipeline had run. ``run`` lands nothing
+    (exit 2); ``cdcsync rewind PIPELINE --to-ledger`` makes the checkpoint read those batches again."""
+
+
 class SourceWentBack(UserError):
     """The source's positions went backwards (restored from a backup, replaced): merging would rank its changes
     below what the target already holds."""

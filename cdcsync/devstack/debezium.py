@@ -37,6 +37,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +124,9 @@ def was_started(cfg: DevStackConfig) -> bool:
 # ------------------------------------------------------------------------------------------------- configuration
 
 
-def worker_properties(cfg: DevStackConfig) -> str:
-    """Standalone worker settings. Converters here are defaults; a connector config may override them."""
+def worker_properties(cfg: DevStackConfig, overrides: Mapping[str, str] | None = None) -> str:
+    """Standalone worker settings. Converters here are defaults; a connector config may override them.
+    ``overrides`` win (a benchmark's worker, e.g. letting connectors override their consumers' settings)."""
     schemas = "true" if cfg.debezium_schemas_enable else "false"
     props = {
         "bootstrap.servers": f"{LOOPBACK}:{cfg.kafka_port}",
@@ -142,6 +145,7 @@ def worker_properties(cfg: DevStackConfig) -> str:
         "plugin.discovery": "service_load",
         "task.shutdown.graceful.timeout.ms": "10000",
     }
+    props.update(overrides or {})
     return "".join(f"{key}={value}\n" for key, value in props.items())
 
 
@@ -267,20 +271,49 @@ def default_connector_config(cfg: DevStackConfig) -> dict[str, str]:
 # -------------------------------------------------------------------------------------------------- the process
 
 
-def _link_plugin(cfg: DevStackConfig, jars: list[Path]) -> None:
-    """One plugin directory of symlinks into the cache, rebuilt on every start so upgrades leave no strays."""
-    target = plugin_dir(cfg) / "debezium-connector-postgres"
+@dataclass(frozen=True)
+class ConnectPlugin:
+    """One directory of the worker's plugin path: jars from the cache, loaded in their own plugin class loader."""
+
+    name: str
+    jars: Sequence[Path]
+    manifests: Mapping[str, list[str]] = field(default_factory=dict)
+    """ServiceLoader entries its jars lack (see :func:`_write_manifest_jar`); none for a complete tarball."""
+
+
+def debezium_postgres_plugin(cfg: DevStackConfig) -> ConnectPlugin:
+    """The default plugin: Debezium's Postgres connector with Apicurio's Avro converter (resolved on first use)."""
+    from cdcsync.runtime.jars import debezium_postgres_plugin_jars
+
+    return ConnectPlugin("debezium-connector-postgres", debezium_postgres_plugin_jars(cfg.cache_dir), SERVICE_MANIFESTS)
+
+
+def _link_plugins(cfg: DevStackConfig, plugins: Sequence[ConnectPlugin]) -> None:
+    """The plugin path as directories of symlinks into the cache, rebuilt on every start so upgrades (and plugins
+    no longer asked for) leave no strays."""
+    wanted = {plugin.name for plugin in plugins}
+    if plugin_dir(cfg).is_dir():
+        for stray in plugin_dir(cfg).iterdir():
+            if stray.name not in wanted:
+                shutil.rmtree(stray, ignore_errors=True)
+    for plugin in plugins:
+        _link_plugin(cfg, plugin)
+
+
+def _link_plugin(cfg: DevStackConfig, plugin: ConnectPlugin) -> None:
+    target = plugin_dir(cfg) / plugin.name
     scratch = target.with_name(target.name + ".new")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    for jar in jars:
+    for jar in plugin.jars:
         (scratch / jar.name).symlink_to(jar)
-    _write_manifest_jar(scratch / "cdcsync-plugin-manifests.jar", SERVICE_MANIFESTS)
+    if plugin.manifests:
+        _write_manifest_jar(scratch / "cdcsync-plugin-manifests.jar", plugin.manifests)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(scratch, target)
 
 
-def _write_manifest_jar(path: Path, manifests: dict[str, list[str]]) -> None:
+def _write_manifest_jar(path: Path, manifests: Mapping[str, list[str]]) -> None:
     """A jar of ``META-INF/services`` files only, for plugins whose jars ship none.
 
     The worker discovers plugins by ServiceLoader only (``plugin.discovery=service_load``, no slow classpath
@@ -295,9 +328,12 @@ def _write_manifest_jar(path: Path, manifests: dict[str, list[str]]) -> None:
             jar.writestr(info, "".join(f"{name}\n" for name in classes))
 
 
-def _write_configs(cfg: DevStackConfig) -> None:
+def _write_configs(cfg: DevStackConfig, overrides: Mapping[str, str] | None = None) -> None:
     home(cfg).mkdir(parents=True, exist_ok=True)
-    files = {worker_config_file(cfg): worker_properties(cfg), home(cfg) / "log4j2.properties": LOG4J2_PROPERTIES}
+    files = {
+        worker_config_file(cfg): worker_properties(cfg, overrides),
+        home(cfg) / "log4j2.properties": LOG4J2_PROPERTIES,
+    }
     for path, text in files.items():
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
@@ -305,14 +341,29 @@ def _write_configs(cfg: DevStackConfig) -> None:
 
 
 class KafkaConnect(Service):
-    """The Connect worker; ready (:meth:`wait_ready`) once its default connector runs, not merely its REST API."""
+    """The Connect worker; ready (:meth:`wait_ready`) once its default connector runs, not merely its REST API.
+
+    By default it carries the Debezium Postgres plugin with the dev stack's small-footprint JVM. A benchmark's
+    worker passes other ``plugins``, ``worker_overrides`` (:func:`worker_properties`) and ``jvm_options``, and waits
+    with :meth:`wait_rest_ready` only (no default connector).
+    """
 
     name = NAME
     log_name = "connect.log"
     # SIGTERM lets the worker stop its tasks and commit their offsets; SIGKILL only if that takes too long.
 
-    def __init__(self, cfg: DevStackConfig) -> None:
+    def __init__(
+        self,
+        cfg: DevStackConfig,
+        *,
+        plugins: Sequence[ConnectPlugin] | None = None,
+        worker_overrides: Mapping[str, str] | None = None,
+        jvm_options: Sequence[str] | None = None,
+    ) -> None:
         super().__init__(cfg, marker=str(worker_config_file(cfg)), port=cfg.connect_port, address=url(cfg))
+        self.plugins = plugins
+        self.worker_overrides = dict(worker_overrides or {})
+        self.jvm_options = list(JVM_OPTIONS if jvm_options is None else jvm_options)
 
     def ports(self) -> dict[str, int]:
         return {f"{NAME} (Kafka Connect REST)": self.cfg.connect_port}
@@ -329,14 +380,14 @@ class KafkaConnect(Service):
                 hint="set CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT to json or avro",
             )
         java = java_executable("Kafka Connect with Debezium")
-        from cdcsync.runtime.jars import KAFKA_CONNECT_MAIN_CLASS, debezium_postgres_plugin_jars, kafka_connect_jars
+        from cdcsync.runtime.jars import KAFKA_CONNECT_MAIN_CLASS, kafka_connect_jars
 
         classpath = os.pathsep.join(str(p) for p in kafka_connect_jars(cfg.cache_dir))
-        _link_plugin(cfg, debezium_postgres_plugin_jars(cfg.cache_dir))
-        _write_configs(cfg)
+        _link_plugins(cfg, self.plugins if self.plugins is not None else [debezium_postgres_plugin(cfg)])
+        _write_configs(cfg, self.worker_overrides)
         argv = [
             java,
-            *JVM_OPTIONS,
+            *self.jvm_options,
             f"-Dlog4j2.configurationFile={(home(cfg) / 'log4j2.properties').as_uri()}",
             f"-Dkafka.logs.dir={home(cfg)}",
             "-cp",

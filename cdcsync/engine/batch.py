@@ -6,8 +6,9 @@ letters, and stages the decoded changes into every pending sink: a COPY into a P
 an Arrow insert into a ClickHouse sink's table (:mod:`cdcsync.sinks.clickhouse`). Only a row count per sink comes
 back. The driver then merges each sink in its own ledgered transaction (for ClickHouse: records the ledger row).
 
-Order per batch, per sink: ledger lookup (skip a batch merged before) -> stage (executors) -> merge + ledger row
-(driver). A transient failure anywhere retries the whole sequence, which is safe because each step is idempotent.
+Order per batch, per sink: ledger lookup (skip a batch merged before: same id, same offset ranges) -> stage
+(executors) -> merge + ledger row with the ranges (driver). A transient failure anywhere retries the whole
+sequence, which is safe because each step is idempotent.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
+from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
@@ -138,10 +140,11 @@ class SinkOutcome:
 
 
 def pending_sinks(
-    sinks: dict[str, BatchSink], batch_id: int, checkpoint_id: str
+    sinks: dict[str, BatchSink], batch_id: int, checkpoint_id: str, offsets: OffsetRanges | None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, BatchSink], dict[str, SinkOutcome]]:
-    """Ledger keys, the sinks still to land this batch, and outcomes for those that landed it before."""
-    keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id) for sink_id, sink in sinks.items()}
+    """Ledger keys, the sinks still to land this batch, and outcomes for those that landed it before (the same
+    batch id and offset ranges)."""
+    keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id, offsets) for sink_id, sink in sinks.items()}
     pending = {sink_id: sink for sink_id, sink in sinks.items() if sink.prepare(keys[sink_id])}
     return keys, pending, {sink_id: SinkOutcome(skipped=True) for sink_id in sinks.keys() - pending.keys()}
 
@@ -196,11 +199,13 @@ def land_batch(
     decode: DecodeTask | TopicDecoders,
     sinks: dict[str, BatchSink],
     pipeline_file: str = "PIPELINE.yaml",
+    offsets: OffsetRanges | None = None,
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc.
 
-    ``TopicDecoders``: the rows of a ``topic_pattern`` source, each topic landing in its own table's sinks."""
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
+    ``TopicDecoders``: the rows of a ``topic_pattern`` source, each topic landing in its own table's sinks.
+    ``offsets``: the ranges the batch reads, from the checkpoint, recorded with each ledger row."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
     if not pending and (sinks or isinstance(decode, DecodeTask)):
         return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
     started = time.monotonic()

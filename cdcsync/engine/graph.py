@@ -33,6 +33,7 @@ from cdcsync.config.plan import (
 )
 from cdcsync.core.reports import ReportedFailure
 from cdcsync.db.executor_errors import executor_error
+from cdcsync.db.ledger import OffsetRanges
 from cdcsync.engine.batch import (
     BatchSink,
     SinkOutcome,
@@ -169,9 +170,10 @@ def land_graph_batch(
     graph: SourceGraph,
     sinks: dict[str, BatchSink],
     pipeline_file: str = "PIPELINE.yaml",
+    offsets: OffsetRanges | None = None,
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch through the source's transforms and dynamic tables; see the module doc."""
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id)
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
     if not pending and not graph.fills:
         return outcome
     started = time.monotonic()
@@ -181,7 +183,7 @@ def land_graph_batch(
         _register_views(spark, graph, decoded.drop(_FAILURE), checkpoint_id, batch_id)
         for table_id, table in graph.tables.items():
             if table_id in graph.fills and not table.in_memory:
-                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id, offsets)
         staged: dict[str, int] = {}
         by_node: dict[str, list[str]] = {}
         for sink_id in pending:

@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
-INTERNAL_VERSION = 4
+INTERNAL_VERSION = 5
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
-trigger function, 4 made truncate watermarks ``numeric(38,0)`` and added ``source_positions``. States without it
-are version 1."""
+trigger function, 4 the ``offsets`` column of ``batch_ledger``, 5 made truncate watermarks ``numeric(38,0)`` and
+added ``source_positions``. States without it are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -45,8 +45,14 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
         names.DYNAMIC_TABLE_CHANGES_TABLE,
         "the change counter of dynamic tables, and the trigger function bumping it",
     ),
-    (4, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
-    (4, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
+    (
+        4,
+        "internal_ledger_offsets.sql.j2",
+        names.BATCH_LEDGER_TABLE,
+        'new column "offsets": the Kafka offset ranges each batch read',
+    ),
+    (5, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
+    (5, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 

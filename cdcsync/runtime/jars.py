@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cdcsync.runtime.ivy import Artifact, cache_root, resolve, unpacked, write_settings
+from cdcsync.runtime.ivy import Artifact, cache_root, resolve, unpacked
 
 SCALA_BINARY_VERSION = "2.13"
 
@@ -44,6 +44,18 @@ DEBEZIUM_VERSION = "3.5.0.Final"
 # The plugin tarball is what Debezium's own container images unpack into Connect's plugin path.
 DEBEZIUM_POSTGRES_PLUGIN = Artifact(
     "io.debezium", "debezium-connector-postgres", DEBEZIUM_VERSION, classifier="plugin", ext="tar.gz", transitive=False
+)
+# Debezium's JDBC sink connector, only for the side-by-side benchmark (``make bench-peer``): the peer cdcsync is
+# measured against. 3.6.0 is the version that comparison was first made with; its plugin tarball carries Kafka 4.3's
+# client and Connect API jars, but Connect's plugin isolation loads those classes from the 4.1.2 worker.
+DEBEZIUM_JDBC_SINK_VERSION = "3.6.0.Final"
+DEBEZIUM_JDBC_SINK_PLUGIN = Artifact(
+    "io.debezium",
+    "debezium-connector-jdbc",
+    DEBEZIUM_JDBC_SINK_VERSION,
+    classifier="plugin",
+    ext="tar.gz",
+    transitive=False,
 )
 # Avro for the dev stack's Debezium: Confluent's AvroConverter is not on Maven Central, Apicurio's is, and writes
 # the Confluent wire format through Apicurio Registry's v2 API (the dev stack runs that registry).
@@ -119,23 +131,19 @@ def spark_ivy_home(cache_dir: Path | None = None) -> Path:
     return (cache_dir or cache_root()) / "spark-ivy"
 
 
-def spark_packages_conf(cache_dir: Path | None = None) -> dict[str, str]:
-    """Spark settings that make ``spark-submit`` resolve the Kafka connector with Ivy, from the cdcsync cache.
+def spark_jars_conf(cache_dir: Path | None = None) -> dict[str, str]:
+    """Spark settings that put the Kafka connector, resolved ahead of time into the cdcsync cache, on the
+    classpath of the driver and the executors.
 
-    The exclusions keep out what pyspark already bundles (the large Hadoop client jars the connector declares,
-    a second slf4j); the settings file limits Ivy to one repository, so a warm cache needs no network.
+    ``spark.jars`` with local paths rather than ``spark.jars.packages``: Spark would run Ivy again at every
+    start (about a second on this 2-core machine, every ``cdcsync run``) only to find the same files; the driver
+    serves these jars to executors in other JVMs just the same.
     """
-    home = spark_ivy_home(cache_dir)
-    return {
-        "spark.jars.packages": spark_kafka_connector_coordinate(),
-        "spark.jars.ivy": str(home),
-        "spark.jars.ivySettings": str(write_settings(home)),
-        "spark.jars.excludes": ",".join(sorted(shipped_exclusions(pyspark_jars_dir()))),
-    }
+    return {"spark.jars": ",".join(str(path) for path in spark_kafka_jars(cache_dir))}
 
 
 def spark_kafka_jars(cache_dir: Path | None = None) -> list[Path]:
-    """Resolve Spark's connector into Spark's Ivy cache ahead of time, exactly as ``spark.jars.packages`` will."""
+    """Spark's Kafka connector and what it needs beyond pyspark's own jars, resolved (once) into the cdcsync cache."""
     return resolve(
         [Artifact.parse(spark_kafka_connector_coordinate())],
         sorted(shipped_exclusions(pyspark_jars_dir())),
@@ -173,6 +181,11 @@ def debezium_postgres_plugin_jars(cache_dir: Path | None = None) -> list[Path]:
         home=_ivy_home(cache_dir),
     )
     return [*connector_jars, *converter_jars]
+
+
+def debezium_jdbc_sink_plugin_jars(cache_dir: Path | None = None) -> list[Path]:
+    """Debezium's JDBC sink plugin tarball as it is (its own ServiceLoader manifests, the Postgres JDBC driver)."""
+    return sorted((_unpacked(DEBEZIUM_JDBC_SINK_PLUGIN, cache_dir) / "debezium-connector-jdbc").glob("*.jar"))
 
 
 def apicurio_registry_runner(cache_dir: Path | None = None) -> Path:

@@ -7,15 +7,14 @@ pipeline streams.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
+from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.lock import LockHolder, lock_holder
 from cdcsync.sql.render import render
 
@@ -51,27 +50,6 @@ class PipelineStatus:
     """Distinct (topic, message key) among the dead letters: targets whose rows for them may be stale."""
     running: LockHolder | None = None
     """The run holding the pipeline's lock, None when no run is streaming it."""
-
-
-def committed_offsets(checkpoint_dir: Path) -> dict[str, dict[int, int]]:
-    """Offsets after the newest batch that Spark committed: ``topic -> partition -> next offset``."""
-    commits = checkpoint_dir / "commits"
-    offsets = checkpoint_dir / "offsets"
-    if not commits.is_dir():
-        return {}
-    committed = sorted((int(p.name) for p in commits.iterdir() if p.name.isdigit()), reverse=True)
-    for batch_id in committed:
-        offsets_file = offsets / str(batch_id)
-        if offsets_file.is_file():
-            # Format: a version line, a metadata line, then one JSON line per source of the query.
-            lines = offsets_file.read_text().splitlines()
-            result: dict[str, dict[int, int]] = {}
-            for line in lines[2:]:
-                if line.startswith("{"):
-                    for topic, partitions in json.loads(line).items():
-                        result[topic] = {int(p): int(o) for p, o in partitions.items()}
-            return result
-    return {}
 
 
 def _end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:

@@ -11,6 +11,10 @@ Transient failures (see :mod:`cdcsync.db.retry`) are retried with backoff inside
 fails the query, and because the batch was not committed to the checkpoint it is replayed on the next run, where
 the ledgers skip what already landed.
 
+Before any query starts, :meth:`PipelineRunner.check_ledger` compares each source's checkpoint with the ledger
+and refuses a checkpoint that is past what a sink holds (:mod:`cdcsync.runtime.checkpoint`); every batch's ledger
+rows record the offset ranges it read.
+
 One runner per pipeline: :meth:`PipelineRunner.locked` holds the pipeline's lock (:mod:`cdcsync.runtime.lock`)
 from before Spark starts until the queries have stopped, and every batch checks it before it stages anything.
 
@@ -40,6 +44,7 @@ from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
+from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
@@ -171,8 +176,8 @@ class BatchHandler:
         rows of the old one; the reprocessed changes are then idempotent by ``_cdc_version``.
         """
         if self._checkpoint_id is None:
-            metadata = json.loads((self.checkpoint_dir / "metadata").read_text())
-            self._checkpoint_id = str(metadata["id"])
+            self._checkpoint_id = checkpoint_id(self.checkpoint_dir)
+            assert self._checkpoint_id is not None, "Spark writes the metadata before the first batch"
         return self._checkpoint_id
 
     def _decoder(self, dead_letters: Accumulator[int]) -> DecodeTask | TopicDecoders:
@@ -189,12 +194,24 @@ class BatchHandler:
 
     def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
+        # What the batch reads, as Spark planned it (written before the batch runs): the ledger rows record it.
+        offsets = batch_offsets(self.checkpoint_dir, batch_id)
         if self.graph is None:
-            land = functools.partial(land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file)
+            land = functools.partial(
+                land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets
+            )
         else:
             assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
             land = functools.partial(
-                land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks, pipeline_file
+                land_graph_batch,
+                raw,
+                batch_id,
+                self.checkpoint_id,
+                decode,
+                self.graph,
+                self.sinks,
+                pipeline_file,
+                offsets,
             )
         return with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
 
@@ -308,6 +325,7 @@ class PipelineRunner:
         self.queries: dict[str, StreamingQuery] = {}
         self._stop = threading.Event()
         self._started = time.monotonic()
+        self._ledger_checked = False
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
@@ -348,8 +366,26 @@ class PipelineRunner:
             finally:
                 self.lock = None
 
+    def check_ledger(self) -> None:
+        """Refuse (exit 2) when a source's checkpoint has committed batches a sink's ledger lacks (the target went
+        back in time, or the sink was added later): :mod:`cdcsync.runtime.checkpoint`. Once per run; the CLI calls
+        it before Spark starts."""
+        if self._ledger_checked:
+            return
+        import psycopg
+
+        try:
+            with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
+                check_ledger(conn, self.pipeline, self.settings)
+        except psycopg.Error as error:
+            raise ServiceError(
+                f"pipeline '{self.pipeline.name}': reading the batch ledger: {str(error).strip()}", retriable=True
+            ) from None
+        self._ledger_checked = True
+
     def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
         with self.locked():  # before anything touches a stage or the checkpoint
+            self.check_ledger()
             for source_id, source in self.pipeline.streams().items():
                 self._start_query(spark, source_id, source)
             try:

@@ -30,12 +30,14 @@ Reading: ``SELECT … FROM t FINAL WHERE NOT _is_deleted`` (or the view, on serv
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync import migrations
-from cdcsync.config import clickhouse_types
+from cdcsync.config import clickhouse_types, toast
+from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
@@ -71,6 +73,13 @@ class ClickHouseWriter:
     """Empty unless the partition depends on non-key columns (see the module docstring)."""
     batch_id: int
     sink_label: str
+    toastable: tuple[tuple[str, Placeholder], ...] = ()
+    """(column, the value Debezium's unavailable-value placeholder decodes to in it)."""
+    stored_values_sql: str = ""
+    """Reads the stored current row of keys whose newest change still holds a placeholder (see
+    :meth:`_fill_unchanged_values`)."""
+    binary_columns: tuple[str, ...] = ()
+    """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -86,10 +95,8 @@ class ClickHouseWriter:
         table = table.filter(pc.not_equal(table.column("_cdc_op"), "t"))
         if table.num_rows == 0:
             return 0
-        table = newest_per_key(table, self.primary_key)
-        rows = to_clickhouse_arrow(table, self.columns)
-        # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
-        may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
+        moves = self._key_moves(table)
+        table = newest_per_key(table, self.primary_key, self.toastable)
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
             f"into {self.database}.{self.table}"
@@ -101,6 +108,10 @@ class ClickHouseWriter:
         except Exception as error:
             raise _task_error(doing, error) from None
         try:
+            table = self._fill_unchanged_values(client, table, moves)
+            rows = to_clickhouse_arrow(table, self.columns)
+            # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
+            may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
             if not self.append_only:
                 return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
@@ -110,6 +121,106 @@ class ClickHouseWriter:
         finally:
             client.close()
         return rows.num_rows
+
+    def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
+        """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
+
+        Debezium sends such a change as a delete of the old key and a create of the new one at the same source
+        position (the same ``_cdc_version``); an INSERT never holds a placeholder, so a create that does is the
+        new key of a move, paired here with the delete of its version. Both are in this task when the topic keys
+        them to the same Kafka partition (a one-partition topic, say); otherwise the placeholder stays.
+        """
+        import pyarrow.compute as pc
+
+        from cdcsync.sinks.postgres import placeholder_mask
+
+        if not self.toastable:
+            return {}
+        creates = pc.equal(table.column("_cdc_op"), "c")
+        held = [pc.and_(placeholder_mask(table.column(name), value), creates) for name, value in self.toastable]
+        if not pc.any(functools.reduce(pc.or_, held)).as_py():
+            return {}
+        keys = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
+        ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
+        names = [name for name, _ in self.toastable]
+        values = {name: table.column(name).to_pylist() for name in names}
+        unavailable = {name: placeholder_mask(table.column(name), value).to_pylist() for name, value in self.toastable}
+        deleted_at = {versions[i]: keys[i] for i in range(len(keys)) if ops[i] == "d"}
+        deleted_keys = set(deleted_at.values())
+        changes_of: dict[tuple[Any, ...], list[int]] = {}
+        for i, key in enumerate(keys):
+            if ops[i] != "d" and key in deleted_keys:
+                changes_of.setdefault(key, []).append(i)
+        moves: dict[tuple[Any, ...], _KeyMove] = {}
+        for i, key in enumerate(keys):
+            old = deleted_at.get(versions[i])
+            if ops[i] != "c" or old is None or old == key or not any(unavailable[n][i] for n in names):
+                continue
+            # The old key's values set earlier in this batch (the newest per column), before its delete.
+            earlier = sorted((versions[j], j) for j in changes_of.get(old, []))
+            known: dict[str, Any] = {}
+            for version, j in reversed(earlier):
+                if version < versions[i]:
+                    for name in names:
+                        if name not in known and not unavailable[name][j]:
+                            known[name] = values[name][j]
+            moves[key] = _KeyMove(old, known)
+        return moves
+
+    def _fill_unchanged_values(
+        self, client: Any, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove] | None = None
+    ) -> pa.Table:
+        """Replace the placeholders the in-batch carry left (no older change of the key in this batch set the
+        value) by the key's stored current value, read in one query for all such keys; for the new key of a
+        primary-key change (``moves``), by the old key's value.
+
+        ReplacingMergeTree keeps whole rows, so unlike the Postgres merge this must happen before the insert. A key
+        whose newest stored row is a delete, or that ClickHouse has never seen, keeps the placeholder (as a
+        Postgres mirror does). A replayed batch reads back its own earlier rows, which hold the same values.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from cdcsync.sinks.postgres import placeholder_mask
+
+        if not self.toastable or not self.stored_values_sql:
+            return table
+        live = pc.not_equal(table.column("_cdc_op"), "d")
+        masks = {name: pc.and_(placeholder_mask(table.column(name), value), live) for name, value in self.toastable}
+        masks = {name: mask for name, mask in masks.items() if pc.any(mask).as_py()}
+        if not masks:
+            return table
+        moves = moves or {}
+        wanted = functools.reduce(pc.or_, masks.values())
+        key_rows = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
+        # Where each key's kept values come from: its own stored row, or the old key's for a moved key.
+        source = {key: moves[key].old if key in moves else key for key in key_rows}
+        keys = sorted({source[key] for key, want in zip(key_rows, wanted.to_pylist(), strict=True) if want}, key=repr)
+        result = client.query(
+            self.stored_values_sql,
+            parameters={"keys": keys},
+            query_formats={"UUID": "string"},
+            column_formats={name: "bytes" for name in self.binary_columns},
+        )
+        width = len(self.primary_key)
+        names = [name for name, _ in self.toastable]
+        stored = {
+            tuple(row[:width]): dict(zip(names, row[width + 1 :], strict=True))
+            for row in result.result_rows
+            if not row[width]  # _is_deleted
+        }
+        for name, mask in masks.items():
+            column = table.column(name)
+            values = column.to_pylist()
+            for index, (key, unavailable) in enumerate(zip(key_rows, mask.to_pylist(), strict=True)):
+                if not unavailable:
+                    continue
+                if key in moves and name in moves[key].values:
+                    values[index] = moves[key].values[name]
+                elif source[key] in stored:
+                    values[index] = stored[source[key]][name]
+            table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
+        return table
 
     def _upsert_and_delete(self, client: Any, rows: pa.Table, may_move: pa.ChunkedArray, token: str) -> int:
         import pyarrow.compute as pc
@@ -138,6 +249,16 @@ class ClickHouseWriter:
         versions = [int(v) for v in rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()]
         parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
         client.raw_query(self.markers_sql, parameters=parameters)
+
+
+@dataclass(frozen=True)
+class _KeyMove:
+    """Where the new key of a primary-key change takes its unchanged large values from."""
+
+    old: tuple[Any, ...]
+    """The old key: its stored row holds them."""
+    values: dict[str, Any]
+    """Those that changes of the old key earlier in the same batch set (they win over the stored row)."""
 
 
 def _task_error(doing: str, error: BaseException) -> ReportedFailure:
@@ -210,6 +331,17 @@ class ClickHouseTableSink(LedgeredSink):
                 primary_key=self.primary_key,
                 key_types=self.key_types,
             )
+        columns = pipeline.columns_of(sink.from_)
+        self.toastable = toast.toastable({name: columns[name] for name in self.columns if name not in self.primary_key})
+        self._stored_values_sql = ""
+        if self.toastable:
+            self._stored_values_sql = render(
+                "clickhouse/runtime/stored_values.sql.j2",
+                target=(sink.database, sink.table),
+                columns=tuple(self.toastable),
+                primary_key=self.primary_key,
+                key_types=self.key_types,
+            )
         self._rows_staged = 0
 
     @property
@@ -217,14 +349,14 @@ class ClickHouseTableSink(LedgeredSink):
         return f"{self.sink.database}.{self.sink.table}"
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
-        """False when the Postgres ledger already holds this batch (it landed before)."""
+        """False when the Postgres ledger already holds this batch with the same offset ranges (it landed before)."""
         import psycopg
 
         from cdcsync.db.retry import classify_postgres_error
 
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return conn.execute(self._ledger_lookup_sql, ledger_key).fetchone() is None
+                return not self.landed(conn, ledger_key)
         except psycopg.Error as error:
             raise SinkError(
                 f"preparing batch {ledger_key['batch_id']}: {first_line(error)}",
@@ -246,6 +378,9 @@ class ClickHouseTableSink(LedgeredSink):
             markers_sql=self._markers_sql,
             batch_id=batch_id,
             sink_label=self.label,
+            toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            stored_values_sql=self._stored_values_sql,
+            binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
         )
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:

@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.config import toast
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
-from cdcsync.config.types import PgType
+from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core import names
 from cdcsync.core.errors import SourceWentBack
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -36,42 +36,6 @@ if TYPE_CHECKING:
 
 
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
-_TOAST_KIND = {
-    "text": "text",
-    "character varying": "text",
-    "bytea": "bytea",
-    "json": "json",
-    "jsonb": "jsonb",
-}
-_ARRAY_TOAST_KIND = {
-    "text": "text[]",
-    "character varying": "text[]",
-    "character": "text[]",
-    "smallint": "integer[]",
-    "integer": "integer[]",
-    "bigint": "integer[]",
-}
-"""Arrays whose unchanged TOASTed value Debezium sends as a placeholder of the column's own type: a text array
-holding the placeholder, an integer array of the placeholder's bytes. Other arrays have no placeholder of their
-type (the decoder dead-letters what arrives)."""
-Placeholder = str | bytes | tuple[Any, ...]
-_PLACEHOLDER_BY_KIND: dict[str, Placeholder] = {
-    "text": UNAVAILABLE_PLACEHOLDER,
-    "bytea": UNAVAILABLE_PLACEHOLDER.encode(),
-    "json": UNAVAILABLE_JSON,
-    "jsonb": UNAVAILABLE_JSON,
-    "text[]": (UNAVAILABLE_PLACEHOLDER,),
-    "integer[]": tuple(UNAVAILABLE_PLACEHOLDER.encode()),
-}
-
-
-def _toast_kind(pg: PgType) -> str | None:
-    """How Debezium's placeholder shows in a column of this type (see ``unavailable.sql.j2``), or None."""
-    if pg.element is not None:
-        return _ARRAY_TOAST_KIND.get(pg.element.name)
-    return _TOAST_KIND.get(pg.name)
-
-
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
 
@@ -91,14 +55,20 @@ class StageWriter:
     sink_label: str
     toastable: tuple[tuple[str, Placeholder], ...] = ()
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
+    mark_moves: bool = False
+    """Also stage :func:`move_markers` (a hard-delete sink with such columns)."""
 
     def stage(self, table: pa.Table) -> int:
         """Collapse ``table`` (decoded changes of one partition) and COPY it; returns the rows staged."""
         import psycopg
+        import pyarrow as pa
 
         if table.num_rows == 0:
             return 0
-        table = newest_per_key(table, self.primary_key, self.toastable)
+        markers = move_markers(table) if self.mark_moves else None
+        table = newest_per_key(table, self.primary_key, self.toastable, keep_key_moves=True)
+        if markers is not None and markers.num_rows:
+            table = pa.concat_tables([table, markers.select(table.column_names)])
         payload = _to_csv(table, self.columns, self.batch_id)
         try:
             with psycopg.connect(self.dsn) as conn, conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
@@ -109,7 +79,11 @@ class StageWriter:
 
 
 def newest_per_key(
-    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...] = ()
+    table: pa.Table,
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...] = (),
+    *,
+    keep_key_moves: bool = False,
 ) -> pa.Table:
     """Keep the newest change (highest ``_cdc_version``) per key, vectorised: sort, then keep each run's first.
 
@@ -117,6 +91,12 @@ def newest_per_key(
     and the value it decodes to. When the newest change of a key holds it, the value an older change of the same
     batch carried is kept instead, so that the merge, which keeps the stored value for a placeholder, does not
     lose a value set earlier in the batch.
+
+    ``keep_key_moves``: keep two more kinds of rows for the merge to pair a primary-key change's delete of the old
+    key with the create of the new one (``key_moves.sql.j2``), whichever tasks they are in: older creates that
+    hold a placeholder (such a create is the new key of a move, and a later change of the new key in the batch
+    may be the one that lands), and for a key whose newest change is a delete, the change before it (the values
+    the delete removes, carried like a newest change's). The merge's own collapse still lands only the newest.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -133,9 +113,64 @@ def newest_per_key(
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
     assert first_of_run is not None
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
+    if not (keep_key_moves and toastable):
+        for name, placeholder in toastable:
+            table = _carry_unchanged_values(table, mask, name, placeholder)
+        return table.filter(mask)
+    ops = table.column("_cdc_op").combine_chunks()
+    deleted = pc.fill_null(pc.equal(ops, "d"), False)
+    n = table.num_rows
+    before_delete = pa.concat_arrays(
+        [
+            pa.array([False]),
+            pc.and_(pc.and_(deleted.slice(0, n - 1), pc.invert(mask.slice(1))), pc.invert(deleted.slice(1))),
+        ]
+    )
+    starts = pc.or_(mask, before_delete)
+    moves = pa.array([False] * n, type=pa.bool_())
     for name, placeholder in toastable:
-        table = _carry_unchanged_values(table, mask, name, placeholder)
-    return table.filter(mask)
+        moves = pc.or_(moves, placeholder_mask(table.column(name), placeholder))
+        table = _carry_unchanged_values(table, starts, name, placeholder)
+    return table.filter(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
+
+
+def move_markers(table: pa.Table) -> pa.Table:
+    """Deletes of ``table`` (one task's partition range) that may be a key change whose create comes only in the
+    next batch, as rows of op ``m``: those among the last three offsets of their partition (Debezium writes the
+    delete, its tombstone, then the create of the new key) with no create at their version in the range."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    deleted = pc.fill_null(pc.equal(table.column("_cdc_op"), "d"), False)
+    if "_cdc_offset" not in table.column_names or not pc.any(deleted).as_py():
+        return table.slice(0, 0)
+    last = {
+        row["_cdc_partition"]: row["_cdc_offset_max"]
+        for row in table.group_by("_cdc_partition").aggregate([("_cdc_offset", "max")]).to_pylist()
+    }
+    ends = pa.array([last[p] for p in table.column("_cdc_partition").to_pylist()], type=pa.int64())
+    tail = pc.greater_equal(table.column("_cdc_offset"), pc.subtract(ends, 2))
+    creates = table.filter(pc.equal(table.column("_cdc_op"), "c")).column("_cdc_version")
+    paired = pc.is_in(table.column("_cdc_version"), value_set=creates.combine_chunks())
+    marked = table.filter(pc.and_(pc.and_(deleted, tail), pc.invert(paired)))
+    return marked.set_column(
+        marked.schema.get_field_index("_cdc_op"), "_cdc_op", pa.array(["m"] * marked.num_rows, type=pa.string())
+    )
+
+
+def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:
+    """Which values of ``column`` are Debezium's placeholder (never null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_null(column.type):  # every value NULL (a partition of deletes, say): Arrow typed it so
+        return pa.array([False] * len(column), type=pa.bool_())
+    if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
+        wanted = list(placeholder)
+        return pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
+    return pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
 
 
 def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: Placeholder) -> pa.Table:
@@ -144,11 +179,7 @@ def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placehol
     import pyarrow.compute as pc
 
     column = table.column(name).combine_chunks()
-    if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
-        wanted = list(placeholder)
-        unavailable = pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
-    else:
-        unavailable = pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+    unavailable = placeholder_mask(column, placeholder)
     if not pc.any(pc.and_(unavailable, mask)).as_py():
         return table
     values, is_placeholder, starts = column.to_pylist(), unavailable.to_pylist(), mask.to_pylist()
@@ -179,9 +210,10 @@ class PostgresUpsertSink(LedgeredSink):
         self.columns = tuple(columns)
         self.primary_key = tuple(pipeline.sink_primary_key(sink))
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
-        self.toastable = {name: kind for name, pg in columns.items() if (kind := _toast_kind(pg)) is not None}
-        """Value columns Postgres may TOAST, by how the placeholder is compared (text, bytea, json, jsonb,
-        text[], integer[])."""
+        self.toastable = toast.toastable({name: columns[name] for name in self.value_columns})
+        """Value columns that may hold Debezium's placeholder, by how it is compared (:mod:`cdcsync.config.toast`)."""
+        self.retains_moves = bool(self.toastable) and sink.delete_mode == "hard"
+        """Whether the values of deletes that may be a key change's are kept for the next batch (key_moves.sql.j2)."""
         stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
         stage = (names.INTERNAL_SCHEMA, stage_table)
         target = (sink.schema_, sink.table)
@@ -193,12 +225,17 @@ class PostgresUpsertSink(LedgeredSink):
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,
             "toastable": self.toastable,
-            "placeholder": UNAVAILABLE_PLACEHOLDER,
-            "placeholder_codes": ",".join(str(code) for code in UNAVAILABLE_PLACEHOLDER.encode()),
+            "retain_moves": self.retains_moves,
+            **toast.TEMPLATE_VALUES,
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
+        self._end_sql = _split_statements(
+            render("postgres/runtime/stage_retain.sql.j2", **template_values)
+            if self.retains_moves
+            else self._truncate_sql
+        )
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
         truncate_values = {
             "internal_schema": names.INTERNAL_SCHEMA,
@@ -222,12 +259,13 @@ class PostgresUpsertSink(LedgeredSink):
         return f"{self.sink.schema_}.{self.sink.table}"
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
-        """False when the ledger already holds this batch; else empty the stage of a crashed attempt's rows."""
+        """False when the ledger already holds this batch (same offset ranges); else empty the stage of a crashed
+        attempt's rows."""
         import psycopg
 
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
+                if self.landed(conn, ledger_key):
                     return False
                 conn.execute(self._truncate_sql)
         except psycopg.Error as error:
@@ -242,11 +280,13 @@ class PostgresUpsertSink(LedgeredSink):
             columns=self.columns,
             batch_id=batch_id,
             sink_label=self.label,
-            toastable=tuple((name, _PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            mark_moves=self.retains_moves,
         )
 
     def merge(self, ledger_key: dict[str, Any]) -> int | None:
-        """Merge the staged batch and record it in the ledger, in one transaction; None if it was merged before."""
+        """Merge the staged batch and record it (with its offset ranges) in the ledger, in one transaction; None if
+        another attempt merged it (the same ranges) first."""
         import psycopg
 
         batch_id = ledger_key["batch_id"]
@@ -263,7 +303,8 @@ class PostgresUpsertSink(LedgeredSink):
                         merged += max(cursor.rowcount, 0)
                 conn.execute(self._position_record_sql, {"batch_id": batch_id})
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
-                conn.execute(self._truncate_sql)
+                for statement in self._end_sql:
+                    conn.execute(statement)
         except _AlreadyMerged:
             return None
         except psycopg.Error as error:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.plan import DynamicTableSpec
 from cdcsync.core.errors import MigrationError
 from cdcsync.db.executor_errors import task_failure
-from cdcsync.db.ledger import LedgeredSink
+from cdcsync.db.ledger import LedgeredSink, OffsetRanges
 from cdcsync.db.pgcopy import arrow_to_copy_csv, copy_then_insert
 from cdcsync.sql.render import render
 
@@ -160,7 +160,9 @@ class DynamicTable(LedgeredSink):
         return spark.createDataFrame([], f"key {self.spec.key_type.spark_type}")
 
     # -- writing -------------------------------------------------------------------------------------------
-    def write(self, batch_keys: DataFrame, checkpoint_id: str, batch_id: int) -> int | None:
+    def write(
+        self, batch_keys: DataFrame, checkpoint_id: str, batch_id: int, offsets: OffsetRanges | None = None
+    ) -> int | None:
         """Land this batch's side output (``key`` column, unique); None when the ledger shows it landed before.
 
         In memory, the keys join the set only here, so call it once the batch's sinks have landed: a batch
@@ -171,10 +173,10 @@ class DynamicTable(LedgeredSink):
             return None
         import psycopg
 
-        ledger_key = self.ledger_key(batch_id, checkpoint_id)
+        ledger_key = self.ledger_key(batch_id, checkpoint_id, offsets)
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                if conn.execute(self._ledger_lookup_sql, ledger_key).fetchone():
+                if self.landed(conn, ledger_key):
                     return None
         except psycopg.Error as error:
             raise self._error(f"looking up batch {batch_id}", error) from None

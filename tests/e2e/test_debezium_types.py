@@ -413,6 +413,7 @@ def types_project(
                     "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
                     "on_decode_error": "fail",
                     "time_precision_mode": modes.get("time.precision.mode", "adaptive"),
+                    "untoasted_columns": ["prices"],  # small: an array Debezium has no TOAST placeholder for
                     **source_extra,
                 }
             },

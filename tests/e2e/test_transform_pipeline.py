@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from cdcsync.devstack import workload
-from cdcsync.runtime.status import committed_offsets
+from cdcsync.runtime.checkpoint import committed_offsets
 from tests.e2e.conftest import Project, ledger_batches, mirror_rows
 
 pytestmark = pytest.mark.e2e

@@ -324,6 +324,7 @@ def test_arrays_timetz_and_bits_land_in_clickhouse(
                     "tz": "timetz",
                     "b": "bit(3)",
                 },
+                "untoasted_columns": ["prices"],  # an array Debezium has no TOAST placeholder for
             }
         },
         "sinks": {
@@ -351,3 +352,123 @@ def test_arrays_timetz_and_bits_land_in_clickhouse(
     assert sink.stage_writer(0, "ckpt").stage(changes) == 2
     rows = client.query("SELECT id, ints, prices, tz, b FROM things FINAL ORDER BY id").result_rows
     assert rows == [(1, [1, None, 3], [Decimal("1.50")], "23:00:00.5+00", "101"), (2, [], [], None, "000")]
+
+
+def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Debezium's placeholder never lands in ClickHouse when a value to keep exists: the in-batch carry first, then
+    one lookup of the stored current rows. Keys with nothing stored (never seen, or deleted) keep it, as a Postgres
+    mirror does."""
+    import pyarrow as pa
+
+    from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+
+    client = clickhouse_database.client()
+    columns = {
+        "id": "bigint",
+        "body": "text",
+        "blob": "bytea",
+        "doc": "jsonb",
+        "tags": "text[]",
+        "uids": "uuid[]",
+        "days": "date[]",
+        "nums": "bigint[]",
+    }
+    raw = {
+        "name": f"it_{uuid.uuid4().hex[:10]}",
+        "sources": {"docs": {"type": "kafka", "topic": "t.docs", "primary_key": "id", "columns": columns}},
+        "sinks": {"ch": {"type": "clickhouse", "from": "docs", "database": clickhouse_database.database, "table": "d"}},
+    }
+    pipeline = validate_pipeline_dict(raw)
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+    kinds = {"body": "text", "blob": "bytea", "doc": "jsonb", "tags": "text[]", "uids": "uuid[]", "days": "date[]"}
+    kinds["nums"] = "integer[]"
+    placeholder = {name: PLACEHOLDER_BY_KIND[kind] for name, kind in kinds.items()}
+    day = dt.date(2024, 2, 29)
+    uid = "0b6a2b52-46bc-4f34-a2d1-3c1a6f0f3c11"
+
+    def full(n: int) -> dict[str, Any]:
+        return {
+            "body": f"body {n}" * 100,
+            "blob": bytes([n, 0, 255]),
+            "doc": f'{{"n": {n}}}',
+            "tags": [f"t{n}", None],
+            "uids": [uid],
+            "days": [day],
+            "nums": [n, -n],
+        }
+
+    def unchanged() -> dict[str, Any]:
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in placeholder.items()}
+
+    def batch(rows: list[tuple[int, str, int, dict[str, Any] | None]], offset: int) -> pa.Table:
+        values: dict[str, list[Any]] = {name: [] for name in kinds}
+        for _, _, _, row in rows:
+            for name in kinds:
+                values[name].append(None if row is None else row[name])
+        n = len(rows)
+        types = {
+            "body": pa.string(),
+            "blob": pa.binary(),
+            "doc": pa.string(),
+            "tags": pa.list_(pa.string()),
+            "uids": pa.list_(pa.string()),
+            "days": pa.list_(pa.date32()),
+            "nums": pa.list_(pa.int64()),
+        }
+        return pa.table(
+            {
+                "id": pa.array([r[0] for r in rows], pa.int64()),
+                **{name: pa.array(values[name], types[name]) for name in kinds},
+                "_cdc_op": [r[1] for r in rows],
+                "_cdc_version": pa.array([r[2] for r in rows], pa.int64()),
+                "_cdc_ts": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)] * n, pa.timestamp("us", "UTC")),
+                "_cdc_topic": ["t.docs"] * n,
+                "_cdc_partition": pa.array([0] * n, pa.int32()),
+                "_cdc_offset": pa.array(range(offset, offset + n), pa.int64()),
+            }
+        )
+
+    sink.stage_writer(0, "c").stage(batch([(1, "c", 10, full(1)), (2, "c", 11, full(2)), (4, "c", 12, full(4))], 0))
+    sink.stage_writer(1, "c").stage(batch([(4, "d", 20, None)], 3))
+    second = batch(
+        [
+            (1, "u", 30, unchanged()),  # the stored row's values
+            (2, "u", 31, full(20)),  # set earlier in the batch: the carry keeps it
+            (2, "u", 32, unchanged()),
+            (3, "c", 33, unchanged()),  # never seen: nothing to keep
+            (4, "c", 34, unchanged()),  # deleted: nothing to keep
+        ],
+        4,
+    )
+    writer = sink.stage_writer(2, "c")
+    assert writer.stage(second) == 4
+    assert writer.stage(second) == 4  # a retried task reads back its own rows: the same values
+    names = ", ".join(kinds)
+
+    def current_rows() -> dict[int, dict[str, Any]]:
+        query = f"SELECT id, {names} FROM d FINAL WHERE NOT _is_deleted ORDER BY id"
+        result = client.query(query, query_formats={"UUID": "string"}, column_formats={"blob": "bytes"})
+        return {row[0]: dict(zip(kinds, row[1:], strict=True)) for row in result.result_rows}
+
+    current = current_rows()
+    assert current[1] == full(1)
+    assert current[2] == full(20)
+    assert current[3] == current[4] == {**unchanged(), "body": placeholder["body"]}
+    assert client.command("SELECT count() FROM d WHERE _version >= 30") == 4
+
+    # Primary-key changes (a delete of the old key and a create of the new one at the same version): 1 -> 7 takes
+    # 1's stored values, 2 -> 8 the values 2 was given earlier in the batch.
+    moves = [
+        (1, "d", 40, None),
+        (7, "c", 40, unchanged()),
+        (2, "u", 41, full(21)),
+        (2, "d", 42, None),
+        (8, "c", 42, unchanged()),
+    ]
+    sink.stage_writer(3, "c").stage(batch(moves, 9))
+    current = current_rows()
+    assert set(current) == {3, 4, 7, 8}
+    assert current[7] == full(1) and current[8] == full(21)

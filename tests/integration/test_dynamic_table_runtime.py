@@ -31,6 +31,7 @@ def _pipeline(backend: str = "postgres") -> Pipeline:
                     "topic": "t",
                     "primary_key": "id",
                     "columns": {"id": "bigint", "user": "text"},
+                    "untoasted_columns": ["user"],  # short names: the transforms may test them
                 }
             },
             "transforms": {

@@ -242,7 +242,7 @@ def test_bigint_versions_are_widened_in_place_and_run_refuses_until_then(
     state_line = next(line for line in text.splitlines() if line.startswith(migrations.STATE_PREFIX))
     old_state = migrations.parse_migration(text).state
     assert old_state is not None
-    old_state["internal_version"] = 3
+    old_state["internal_version"] = 4
     del old_state["sinks"]["mirror"]["version_type"]
     old_text = text.replace(state_line, migrations.state_line(old_state)).replace("numeric(38,0)", "bigint")
     first.write_text(old_text)

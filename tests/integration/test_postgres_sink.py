@@ -3,6 +3,7 @@ merge them the way the driver does, and check versioning, deletes, tombstones, t
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -207,6 +208,75 @@ def test_unchanged_toasted_values_keep_the_stored_value(sink: PostgresUpsertSink
     assert live(sink)[2]["Name"] == "set in batch" and live(sink)[2]["amount"] == Decimal("3.00")
 
 
+def test_a_primary_key_change_carries_the_old_keys_unchanged_toasted_values(sink: PostgresUpsertSink) -> None:
+    """Debezium sends a key change as a delete of the old key and a create of the new one at the same source
+    position; the create carries the placeholder for untouched large values, which are the old key's."""
+    big = "x" * 5000
+    land(sink, 0, [change("c", 1, 10, big, blob=b"\x00" * 3000), change("c", 2, 11, "two")])
+    # Old and new key in different partitions (tasks) of one batch; the new key is updated again in the batch
+    # with its large value still untouched, so the create is not the change that lands.
+    moved = change("c", 5, 20, PLACEHOLDER, blob=PLACEHOLDER.encode())
+    land(
+        sink,
+        1,
+        [change("d", 1, 20, None, None)],
+        [moved, change("u", 5, 21, PLACEHOLDER, "7.00", blob=PLACEHOLDER.encode())],
+    )
+    rows = live(sink)
+    assert set(rows) == {2, 5}
+    assert (rows[5]["Name"], bytes(rows[5]["blob"]), rows[5]["amount"]) == (big, b"\x00" * 3000, Decimal("7.00"))
+    # The old key inserted in the same batch, in another partition (task) than its move: its values are staged.
+    land(
+        sink, 2, [change("c", 3, 25, "three" * 900), change("d", 3, 26, None, None)], [change("c", 4, 26, PLACEHOLDER)]
+    )
+    assert live(sink)[4]["Name"] == "three" * 900 and 3 not in live(sink)
+    # A create holding a placeholder whose old key is unknown (no delete at its version) keeps it, as before.
+    land(sink, 3, [change("c", 6, 30, PLACEHOLDER)])
+    assert live(sink)[6]["Name"] == PLACEHOLDER
+
+
+def test_a_primary_key_change_split_over_two_batches_in_hard_mode(postgres_dsn: str, tmp_path: Path) -> None:
+    """The delete of the old key ends its partition's range in one batch, the create of the new key opens the next
+    one: the delete's values wait in the stage for one batch."""
+    sink = make_sink("hard", postgres_dsn, tmp_path)
+    schema = SCHEMA.append(pa.field("_cdc_partition", pa.int32())).append(pa.field("_cdc_offset", pa.int64()))
+
+    def stage(batch_id: int, rows: list[tuple[dict[str, Any], int]]) -> None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        table = [{**row, "_cdc_partition": 0, "_cdc_offset": offset} for row, offset in rows]
+        sink.stage_writer(batch_id).stage(pa.Table.from_pylist(table, schema=schema))
+        sink.merge(key)
+
+    stage(0, [(change("c", 1, 10, "w" * 4000), 0), (change("c", 2, 11, "v" * 3000), 1)])
+    # 2 is deleted early in its range (an ordinary delete); 1 at the end of it, then moves to 5 in the next batch.
+    stage(
+        1,
+        [
+            (change("d", 2, 12, None, None), 2),
+            (change("u", 1, 15, PLACEHOLDER, "5.00"), 5),
+            (change("d", 1, 20, None, None), 7),
+        ],
+    )
+    with psycopg.connect(postgres_dsn) as conn:
+        kept = conn.execute('SELECT id, "_cdc_version" FROM cdcsync."sinktest__m__stage"').fetchall()
+    assert kept == [(1, 20)]  # only the delete that may be a key change keeps its values
+    stage(2, [(change("c", 5, 20, PLACEHOLDER), 9)])
+    assert live(sink)[5]["Name"] == "w" * 4000 and set(live(sink)) == {5}
+    stage(3, [(change("c", 6, 30, "x"), 10)])
+    with psycopg.connect(postgres_dsn) as conn:  # and for one batch only
+        assert conn.execute('SELECT count(*) FROM cdcsync."sinktest__m__stage"').fetchone() == (0,)
+
+
+def test_a_primary_key_change_split_over_two_batches_in_soft_mode(postgres_dsn: str, tmp_path: Path) -> None:
+    """The delete of the old key landed in an earlier batch: the soft-deleted row still holds its values."""
+    sink = make_sink("soft", postgres_dsn, tmp_path)
+    land(sink, 0, [change("c", 1, 10, "y" * 4000)])
+    land(sink, 1, [change("d", 1, 20, None, None)])
+    land(sink, 2, [change("c", 9, 20, PLACEHOLDER)])
+    assert live(sink)[9]["Name"] == "y" * 4000
+
+
 def test_soft_delete_keeps_stored_values(postgres_dsn: str, tmp_path: Path) -> None:
     sink = make_sink("soft", postgres_dsn, tmp_path)
     land(sink, 0, [change("c", 7, 10, "kept", "9.99")])
@@ -297,7 +367,15 @@ def typed_sink(dsn: str, migrations_dir: Path) -> PostgresUpsertSink:
     definition = validate_pipeline_dict(
         {
             "name": "typedtest",
-            "sources": {"s": {"type": "kafka", "topic": "t", "primary_key": "id", "columns": TYPED_COLUMNS}},
+            "sources": {
+                "s": {
+                    "type": "kafka",
+                    "topic": "t",
+                    "primary_key": "id",
+                    "columns": TYPED_COLUMNS,
+                    "untoasted_columns": ["prices", "stamps"],  # arrays Debezium has no TOAST placeholder for
+                }
+            },
             "sinks": {"m": {"type": "postgres", "from": "s", "schema": "app", "table": "typed"}},
         }
     )
@@ -357,3 +435,54 @@ def test_unchanged_toasted_arrays_keep_the_stored_value(postgres_dsn: str, tmp_p
     with psycopg.connect(postgres_dsn) as conn:
         row = conn.execute("SELECT tags, ints, flags::text FROM app.typed WHERE id = 1").fetchone()
     assert row == (big_tags, big_ints, "0000")
+
+
+def test_hstore_lands_and_keeps_its_stored_value_for_the_placeholder(postgres_dsn: str, tmp_path: Path) -> None:
+    """The decoder's hstore text is what Postgres reads on COPY; the placeholder (the one pair placeholder =>
+    placeholder, in both of Debezium's hstore modes) keeps the stored value."""
+    from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+    from cdcsync.config.types import hstore_text
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS hstore")  # the target database needs the type
+    definition = validate_pipeline_dict(
+        {
+            "name": "hstoretest",
+            "sources": {
+                "s": {"type": "kafka", "topic": "t", "primary_key": "id", "columns": {"id": "bigint", "h": "hstore"}}
+            },
+            "sinks": {"m": {"type": "postgres", "from": "s", "schema": "app", "table": "h"}},
+        }
+    )
+    migrations.init(POSTGRES, definition, tmp_path)
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, definition.name, tmp_path)
+    sink = PostgresUpsertSink(definition, "m", definition.sinks["m"], postgres_dsn)
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("h", pa.string()),
+            ("_cdc_op", pa.string()),
+            ("_cdc_version", pa.int64()),
+            ("_cdc_ts", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    pairs = {"a": "1", 'quote"d': "back\\slash, comma", "n": None, "big": "z" * 5000}
+
+    def stage(batch_id: int, version: int, value: str) -> None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        row = {"id": 1, "h": value, "_cdc_op": "u", "_cdc_version": version, "_cdc_ts": T0}
+        sink.stage_writer(batch_id).stage(pa.Table.from_pylist([row], schema=schema))
+        sink.merge(key)
+
+    def stored() -> dict[str, str | None]:
+        with psycopg.connect(postgres_dsn) as conn:
+            row = conn.execute("SELECT hstore_to_json(h)::text FROM app.h WHERE id = 1").fetchone()
+        assert row is not None
+        return json.loads(row[0])
+
+    stage(0, 10, hstore_text(pairs))
+    assert stored() == pairs
+    stage(1, 20, str(PLACEHOLDER_BY_KIND["hstore"]))
+    assert stored() == pairs

@@ -26,7 +26,13 @@ def make_pipeline(transforms: dict[str, Any], sink_from: str) -> Pipeline:
         {
             "name": "t",
             "sources": {
-                "orders": {"type": "kafka", "topic": "orders", "primary_key": "id", "columns": ORDERS},
+                "orders": {
+                    "type": "kafka",
+                    "topic": "orders",
+                    "primary_key": "id",
+                    "columns": ORDERS,
+                    "untoasted_columns": ["note"],  # short notes: the transforms may filter and compute on them
+                },
                 "user.events": {"type": "kafka", "topic": "events", "primary_key": "event_id", "columns": EVENTS},
             },
             "transforms": transforms,

@@ -452,6 +452,15 @@ TIME_MICROS = ((12 * 60 + 34) * 60 + 56) * 1_000_000 + 789_012  # 12:34:56.78901
         ),
         (connect("string", "io.debezium.time.ZonedTime"), "timetz", "10:11:12.5Z", "10:11:12.500000+00"),
         ({"type": "map", "values": "long"}, "jsonb", {"k": 1}, '{"k":1}'),
+        # hstore in Debezium's map mode, and its unchanged-TOAST placeholder
+        ({"type": "map", "values": opt("string")}, "hstore", {"a": "x", "n": None}, '"a"=>"x", "n"=>NULL'),
+        (
+            {"type": "map", "values": opt("string")},
+            "hstore",
+            {"__debezium_unavailable_value": "__debezium_unavailable_value"},
+            '"__debezium_unavailable_value"=>"__debezium_unavailable_value"',
+        ),
+        (connect("string", "io.debezium.data.Json"), "hstore", '{"a":"x"}', '"a"=>"x"'),  # json mode
         (
             {
                 "type": "record",

@@ -393,6 +393,29 @@ def test_the_toast_placeholder_of_a_json_column_is_valid_json() -> None:
     assert (row["doc"], row["body"]) == (f'"{placeholder}"', placeholder)
 
 
+def test_hstore_in_map_and_json_modes_and_their_toast_placeholders() -> None:
+    """Debezium's hstore.handling.mode=map sends a JSON object, json (its default) that object as JSON text; both
+    become the Postgres text form, the unchanged-TOAST placeholder ``{p: p}`` included (cdcsync.config.toast)."""
+    from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+
+    spec = make_spec({"id": "bigint", "attrs": "hstore"})
+    placeholder = "__debezium_unavailable_value"
+    values = [
+        {"a": "1", 'quote"d': "back\\slash", "n": None},
+        json.dumps({"a": "1", 'quote"d': "back\\slash", "n": None}),
+        {placeholder: placeholder},
+        json.dumps({placeholder: placeholder}),
+        None,
+        {},
+    ]
+    rows = decode(spec, [(key(i), dumps(change("u", after={"id": i, "attrs": v}))) for i, v in enumerate(values)])
+    texts = [row["attrs"] for row in rows]
+    expected = '"a"=>"1", "quote\\"d"=>"back\\\\slash", "n"=>NULL'
+    assert texts == [expected, expected, PLACEHOLDER_BY_KIND["hstore"], PLACEHOLDER_BY_KIND["hstore"], None, ""]
+    (bad,) = decode(spec, [(key(9), dumps(change("u", after={"id": 9, "attrs": {"a": 1}})))])
+    assert "expected an object of strings" in bad["_dlq_reason"]
+
+
 def test_a_missing_field_is_null() -> None:
     row = only(decode(BASIC, [(key(1), dumps(change("c", after={"id": 1})))]))
     assert business(row, BASIC) == {"id": 1, "name": None, "qty": None}

@@ -79,17 +79,26 @@ def test_plugin_directory_gets_the_converter_manifest(tmp_path: Path) -> None:
     jar = tmp_path / "a.jar"
     jar.write_bytes(b"")
     cfg = DevStackConfig(state_dir=tmp_path)
-    debezium._link_plugin(cfg, [jar])
+    stray = debezium.plugin_dir(cfg) / "no-longer-wanted"
+    stray.mkdir(parents=True)
+    postgres = debezium.ConnectPlugin("debezium-connector-postgres", [jar], debezium.SERVICE_MANIFESTS)
+    debezium._link_plugins(cfg, [postgres, debezium.ConnectPlugin("complete-tarball", [jar])])
     plugin = debezium.plugin_dir(cfg) / "debezium-connector-postgres"
     assert (plugin / "a.jar").resolve() == jar.resolve()
     with zipfile.ZipFile(plugin / "cdcsync-plugin-manifests.jar") as manifests:
         text = manifests.read("META-INF/services/org.apache.kafka.connect.storage.Converter").decode()
     assert text.splitlines() == ["io.apicurio.registry.utils.converter.AvroConverter"]
+    assert sorted(p.name for p in (debezium.plugin_dir(cfg) / "complete-tarball").iterdir()) == ["a.jar"]
+    assert not stray.exists()
 
 
 def test_worker_properties_and_default_connector(tmp_path: Path) -> None:
     cfg = DevStackConfig(state_dir=tmp_path, kafka_port=29999, postgres_port=55999, connect_port=28999)
     props = dict(line.split("=", 1) for line in debezium.worker_properties(cfg).splitlines())
+    overridden = dict(
+        line.split("=", 1) for line in debezium.worker_properties(cfg, {"offset.flush.interval.ms": "7"}).splitlines()
+    )
+    assert overridden == {**props, "offset.flush.interval.ms": "7"}
     assert props["bootstrap.servers"] == "127.0.0.1:29999"
     assert props["listeners"] == "http://127.0.0.1:28999"
     assert props["plugin.path"] == str(debezium.plugin_dir(cfg))

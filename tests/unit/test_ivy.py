@@ -79,10 +79,19 @@ def test_a_tarball_is_unpacked_once(tmp_path: Path) -> None:
     assert (target / "app-1.0-runner.jar").read_bytes() == b"kept"  # not extracted again
 
 
-def test_spark_resolves_the_connector_through_packages_from_the_cdcsync_cache(tmp_path: Path) -> None:
-    conf = jars.spark_packages_conf(tmp_path)
-    assert conf["spark.jars.packages"] == jars.spark_kafka_connector_coordinate()
-    assert conf["spark.jars.ivy"] == str(tmp_path / "spark-ivy")
-    assert Path(conf["spark.jars.ivySettings"]).parent == tmp_path / "spark-ivy"
-    excludes = conf["spark.jars.excludes"].split(",")
-    assert "*:hadoop-client-runtime" in excludes and "*:spark-core_2.13" in excludes
+def test_spark_gets_the_connector_as_local_jars_from_the_cdcsync_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolved: list[tuple[list[Artifact], list[str], Path]] = []
+
+    def fake_resolve(artifacts: list[Artifact], exclusions: list[str], *, home: Path) -> list[Path]:
+        resolved.append((artifacts, exclusions, home))
+        return [home / "a.jar", home / "b.jar"]
+
+    monkeypatch.setattr(jars, "resolve", fake_resolve)
+    conf = jars.spark_jars_conf(tmp_path)
+    home = tmp_path / "spark-ivy"
+    assert conf == {"spark.jars": f"{home / 'a.jar'},{home / 'b.jar'}"}
+    ((artifacts, exclusions, resolved_home),) = resolved
+    assert artifacts == [Artifact.parse(jars.spark_kafka_connector_coordinate())] and resolved_home == home
+    assert "*:hadoop-client-runtime" in exclusions and "*:spark-core_2.13" in exclusions  # pyspark ships them

@@ -339,7 +339,7 @@ def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: 
 
 
 def test_tables_with_bigint_versions_get_an_upgrade_that_widens_them(migrations_dir: Path) -> None:
-    """Migrations written when ``_cdc_version`` was a bigint (no ``version_type``, internal tables version 3):
+    """Migrations written when ``_cdc_version`` was a bigint (no ``version_type``, internal tables version 4):
     ``init`` widens every version column in place, values kept, and ``run`` refuses until it is applied."""
     raw = base_raw()
     raw["sinks"]["soft"] = {"type": "postgres", "from": "orders", "schema": "s", "table": "t", "delete_mode": "soft"}
@@ -348,7 +348,7 @@ def test_tables_with_bigint_versions_get_an_upgrade_that_widens_them(migrations_
     old_text = first.read_text()
     state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
     old_state = json.loads(state_line[len(migrations.STATE_PREFIX) :])
-    old_state["internal_version"] = 3
+    old_state["internal_version"] = 4
     for sink in old_state["sinks"].values():
         del sink["version_type"]
     first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
@@ -449,6 +449,7 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
     [
         (None, ["truncations", "dynamic_table_changes", "source_positions"]),
         (2, ["dynamic_table_changes", "source_positions"]),
+        (3, ["source_positions"]),
     ],
 )
 def test_internal_upgrade_creates_what_the_old_version_lacks(
@@ -470,3 +471,4 @@ def test_internal_upgrade_creates_what_the_old_version_lacks(
     ]
     created = re.findall(r'CREATE TABLE IF NOT EXISTS "cdcsync"\."(\w+)"', written.text)
     assert written.filename == "0002_upgrade_internal_tables.sql" and created == creates
+    assert 'ALTER TABLE "cdcsync"."batch_ledger" ADD COLUMN IF NOT EXISTS "offsets" jsonb' in written.text

@@ -14,7 +14,7 @@ from cdcsync.core.reports import ReportedFailure, undecodable, write_failed
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import with_retries
-from cdcsync.runtime.status import committed_offsets
+from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.stream import _lag
 from cdcsync.sinks.postgres import newest_per_key
 
@@ -174,6 +174,102 @@ def test_newest_per_key_keeps_truncates_and_carries_unchanged_toasted_values() -
     assert by_version == {9: (1, "set"), 4: (2, placeholder), 20: (None, None), 30: (None, None)}
 
 
+def test_newest_per_key_stages_what_a_primary_key_change_needs() -> None:
+    """For the merge to pair a key change's delete and create (key_moves.sql.j2): the change before a delete (its
+    placeholders carried) and an older create holding a placeholder stay beside each key's newest change."""
+    placeholder = "__debezium_unavailable_value"
+    table = pa.table(
+        {
+            "a": [1, 1, 1, 5, 5, 6],
+            "_cdc_op": ["c", "u", "d", "c", "u", "c"],
+            "_cdc_version": [10, 11, 20, 20, 21, 30],
+            "body": ["big", placeholder, None, placeholder, placeholder, "small"],
+        }
+    )
+    toastable = (("body", placeholder),)
+    rows = newest_per_key(table, ("a",), toastable, keep_key_moves=True).to_pylist()
+    assert sorted(((row["_cdc_version"], row["body"]) for row in rows), key=repr) == [
+        (11, "big"),  # before 1's delete, carried from its insert
+        (20, placeholder),  # the create of 5, the new key of 1: kept though 21 is newer
+        (20, None),  # 1's delete
+        (21, placeholder),
+        (30, "small"),
+    ]
+    assert len(newest_per_key(table, ("a",), toastable)) == 3  # without: only the newest per key
+
+
+def test_move_markers_are_the_unpaired_deletes_at_the_end_of_a_partitions_range() -> None:
+    from cdcsync.sinks.postgres import move_markers
+
+    table = pa.table(
+        {
+            "a": [1, 2, 3, 4, 5, 6],
+            "_cdc_op": ["d", "d", "c", "d", "d", "c"],
+            "_cdc_version": [10, 11, 11, 40, 50, 60],
+            "_cdc_partition": pa.array([0, 0, 0, 0, 1, 1], pa.int32()),
+            "_cdc_offset": pa.array([1, 7, 9, 8, 3, 4], pa.int64()),
+        }
+    )
+    marked = move_markers(table).to_pylist()
+    # 1: early in its range; 2: its create (version 11) is in the range; 4 and 5: at the ends of theirs
+    assert [(row["a"], row["_cdc_op"]) for row in marked] == [(4, "m"), (5, "m")]
+
+
+def test_clickhouse_pairs_a_key_changes_create_with_the_delete_at_its_version() -> None:
+    from cdcsync.sinks.clickhouse import ClickHouseWriter
+
+    placeholder = "__debezium_unavailable_value"
+    writer = ClickHouseWriter(
+        url="",
+        compression="",
+        database="d",
+        table="t",
+        primary_key=("a",),
+        columns=("a", "body", "n"),
+        append_only=True,
+        token_prefix="",
+        delete_sql="",
+        key_types=("Int64",),
+        markers_sql="",
+        batch_id=0,
+        sink_label="",
+        toastable=(("body", placeholder), ("n", placeholder)),
+    )
+    table = pa.table(
+        {
+            "a": [1, 1, 1, 7, 8],
+            "_cdc_op": ["u", "u", "d", "c", "c"],
+            "_cdc_version": [10, 11, 20, 20, 30],
+            "body": ["set", placeholder, None, placeholder, placeholder],
+            "n": [placeholder, placeholder, None, placeholder, "x"],
+        }
+    )
+    moves = writer._key_moves(table)
+    # 7 is 1's new key: body from 1's change at 10 (the newest that set it), n from the stored row of 1;
+    # 8's create has no delete at its version: an ordinary key, its stored row is looked up
+    assert {key: (move.old, move.values) for key, move in moves.items()} == {(7,): ((1,), {"body": "set"})}
+
+
+def test_toast_kinds_follow_debezium() -> None:
+    from cdcsync.config import toast
+    from cdcsync.config.types import parse_pg_type
+
+    kinds = {t: toast.toast_kind(parse_pg_type(t)) for t in ("varchar(9)[]", "jsonb[]", "date[]", "uuid[]", "hstore")}
+    assert kinds == {
+        "varchar(9)[]": "text[]",
+        "jsonb[]": "json[]",
+        "date[]": "date[]",
+        "uuid[]": "uuid[]",
+        "hstore": "hstore",
+    }
+    lacking = [
+        t
+        for t in ("smallint[]", "numeric[]", "boolean[]", "timestamptz[]", "bigint[]", "text")
+        if toast.lacks_placeholder(parse_pg_type(t))
+    ]
+    assert lacking == ["smallint[]", "numeric[]", "boolean[]", "timestamptz[]"]
+
+
 def test_copy_csv_keeps_empty_strings_apart_from_nulls_and_hex_encodes_bytes() -> None:
     csv = arrow_to_copy_csv([pa.array(["", None, 'q"uote']), pa.array([b"\x00\x01", None, b""], pa.binary())])
     assert csv.decode().splitlines() == ['"","\\x0001"', ",", '"q""uote","\\x"']
@@ -225,19 +321,33 @@ def test_newest_per_key_carries_unchanged_toasted_arrays() -> None:
 
 
 def test_merge_keeps_stored_arrays_for_their_placeholders() -> None:
+    """Each array kind is compared with what Debezium sends for it (cdcsync.config.toast)."""
+    from cdcsync.config.toast import PLACEHOLDER_UUID, TEMPLATE_VALUES
     from cdcsync.sql.render import render
 
+    kinds = {"tags": "text[]", "ints": "integer[]", "docs": "json[]", "blobs": "bytea[]", "days": "date[]"}
+    kinds["uids"] = "uuid[]"
     merge = render(
         "postgres/runtime/merge_hard.sql.j2",
         stage=("cdcsync", "s"),
         target=("app", "t"),
         tombstones=("cdcsync", "ts"),
-        columns=("id", "tags", "ints"),
+        columns=("id", *kinds),
         primary_key=("id",),
-        value_columns=("tags", "ints"),
-        toastable={"tags": "text[]", "ints": "integer[]"},
-        placeholder="__debezium_unavailable_value",
-        placeholder_codes="95,95",
+        value_columns=tuple(kinds),
+        toastable=kinds,
+        **TEMPLATE_VALUES,
     )
     assert "EXCLUDED.\"tags\"::text[] = ARRAY['__debezium_unavailable_value']::text[]" in merge
-    assert "EXCLUDED.\"ints\"::bigint[] = '{95,95}'::bigint[]" in merge
+    assert 'EXCLUDED."ints"::bigint[] = \'{95,95,100,101,98,' in merge
+    assert "EXCLUDED.\"docs\"::text[] = ARRAY[to_json('__debezium_unavailable_value'::text)::text]" in merge
+    assert "EXCLUDED.\"blobs\" = ARRAY[convert_to('__debezium_unavailable_value', 'UTF8')]" in merge
+    assert 'EXCLUDED."days" = \'{1970-04-06,1970-04-06,1970-04-11,' in merge
+    assert f"EXCLUDED.\"uids\"::text[] = ARRAY['{PLACEHOLDER_UUID}']::text[]" in merge
+
+
+def test_the_uuid_placeholder_is_javas_name_based_uuid_of_the_placeholder() -> None:
+    """Debezium's uuid[] placeholder is ``UUID.nameUUIDFromBytes(placeholder bytes)`` (an MD5, version 3 UUID), checked with Java."""
+    from cdcsync.config.toast import PLACEHOLDER_UUID
+
+    assert PLACEHOLDER_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"

@@ -30,6 +30,7 @@ def pipeline_doc(transforms: dict[str, Any], sink_from: str = "big_orders", **si
                 "topic": "shop.public.orders",
                 "primary_key": "id",
                 "columns": {"id": "bigint", "customer_id": "bigint", "amount": "numeric(12,2)", "Note": "text"},
+                "untoasted_columns": ["Note"],
             },
             "raw.transactions": {
                 "type": "kafka",
@@ -69,6 +70,12 @@ def problems_of(transforms: dict[str, Any], sink_from: str = "big_orders", **sin
     with pytest.raises(ConfigError) as caught:
         validate_pipeline_dict(pipeline_doc(transforms, sink_from, **sink))
     assert exit_code_for(caught.value) == 2
+    return caught.value.problems
+
+
+def problems_of_doc(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        validate_pipeline_dict(doc)
     return caught.value.problems
 
 
@@ -225,6 +232,55 @@ def test_a_filling_table_is_planned_before_the_transforms_that_check_it() -> Non
     pipeline = valid(transforms)
     order = [step.id for step in pipeline.plan.steps]
     assert order.index("positive") < order.index("a_checks") < order.index("big_orders")
+
+
+def test_transforms_may_not_filter_or_compute_on_a_column_that_may_hold_the_toast_placeholder() -> None:
+    """An unchanged large value arrives as Debezium's placeholder: a WHERE over it would delete the row downstream,
+    a computed column would land a wrong value, a dynamic table would gain the placeholder as a key."""
+    transforms = {
+        "passes": sql_transform("SELECT id, customer_id, Note AS memo, " + META + " FROM orders"),
+        "big_orders": sql_transform("SELECT *, upper(memo) AS loud FROM passes WHERE memo <> ''"),
+        "noted": {**SEEN, "sql": "SELECT Note FROM orders"},
+    }
+    doc = pipeline_doc(transforms)
+    del doc["sources"]["orders"]["untoasted_columns"]
+    problems = problems_of_doc(doc)
+    expected = (
+        "transforms.big_orders.sql: reads 'memo' in its WHERE, but an update that leaves a large (TOASTed) value of "
+        "'memo' unchanged reaches Kafka with Debezium's placeholder instead of the value, and the transform would "
+        "treat the placeholder as data. Set REPLICA IDENTITY FULL on the table of source 'orders' and declare "
+        "`replica_identity: full` on it, or, if the values of 'memo' stay under 2 kB, list it in "
+        "sources.orders.untoasted_columns"
+    )
+    assert_problem(problems, expected)
+    assert_problem(problems, "transforms.big_orders.sql: reads 'memo' in the computed column UPPER(memo) AS loud")
+    assert_problem(problems, "transforms.noted.sql: reads 'Note' in the key it selects")
+    assert not [p for p in problems if p.startswith("transforms.passes")]  # passing it through is fine
+    assert len(problems) == 3
+
+    doc["sources"]["orders"]["replica_identity"] = "full"  # Debezium then sends every value
+    assert validate_pipeline_dict(doc).plan.steps
+
+
+def test_arrays_without_a_debezium_placeholder_need_replica_identity_full_or_to_be_declared_small() -> None:
+    doc = pipeline_doc({}, sink_from="orders")
+    doc["sources"]["orders"]["columns"].update({"tags": "text[]", "ids": "uuid[]", "prices": "numeric(10,2)[]"})
+    doc["sources"]["orders"]["columns"]["flags"] = "smallint[]"
+    problems = problems_of_doc(doc)
+    for name, pg in (("prices", "numeric(10,2)[]"), ("flags", "smallint[]")):
+        assert_problem(
+            problems,
+            f"sources.orders.columns.{name}: Debezium has no placeholder for an unchanged large (TOASTed) {pg}: an "
+            "update that leaves such a value unchanged arrives as NULL and would overwrite it. Set REPLICA IDENTITY "
+            "FULL on the source table and declare `replica_identity: full` on the source, or, if the column's "
+            f"values stay under 2 kB, list '{name}' in its untoasted_columns",
+        )
+    assert len(problems) == 2  # text[] and uuid[] have placeholders of their own type
+    doc["sources"]["orders"]["untoasted_columns"] = ["Note", "prices", "flags", "nope"]
+    assert problems_of_doc(doc) == ["sources.orders.untoasted_columns: 'nope' is not a column of the source"]
+    del doc["sources"]["orders"]["untoasted_columns"]
+    doc["sources"]["orders"]["replica_identity"] = "full"
+    assert validate_pipeline_dict(doc).sources["orders"].placeholder_columns() == {}
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from cdcsync.config.toast import UNAVAILABLE_PLACEHOLDER
 from cdcsync.config.types import PgType
 from cdcsync.core.errors import DecodeError
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_PLACEHOLDER
 from cdcsync.sources.debezium.numbers import (
     float_converter,
     int_converter,
@@ -28,6 +28,7 @@ from cdcsync.sources.debezium.text import (
     bits_converter,
     bool_converter,
     bytea_converter,
+    hstore_converter,
     text_converter,
     uuid_converter,
 )
@@ -115,6 +116,8 @@ def converter_for(name: str, pg: PgType, source_id: str, time_mode: str | None =
         return text_converter(pg)
     if kind == "uuid":
         return uuid_converter(pg)
+    if kind == "hstore":
+        return hstore_converter(pg)
     if kind == "bytea":
         return bytea_converter(pg)
     if kind == "date":

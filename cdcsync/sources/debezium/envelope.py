@@ -76,12 +76,6 @@ DLQ_COLUMNS: tuple[tuple[str, str], ...] = (
 """Columns of a message that did not decode, null on good rows: the reason for people (and the dead-letter
 table), the :class:`~cdcsync.core.reports.Report` (encoded) for the task, and the raw bytes."""
 
-UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
-"""What Debezium sends for a TOASTed column an update left unchanged (``unavailable.value.placeholder``). It
-travels to the staging table as is (text, bytea as its UTF-8 bytes, json as :data:`UNAVAILABLE_JSON`); the
-merge keeps the stored value instead of writing it (``templates/postgres/runtime/merge_*.sql.j2``)."""
-UNAVAILABLE_JSON = f'"{UNAVAILABLE_PLACEHOLDER}"'
-
 POSITION_BITS = 64
 """Bits of the LSN part of a version: ``_cdc_version = commit * 2**POSITION_BITS + lsn``."""
 MAX_LSN = 2**POSITION_BITS - 1

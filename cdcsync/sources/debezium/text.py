@@ -9,13 +9,14 @@ exact text of their numbers (``12.50`` stays ``12.50``).
 from __future__ import annotations
 
 import binascii
+import json
 import math
 import uuid
 from decimal import Decimal
 from typing import Any
 
-from cdcsync.config.types import PgType
-from cdcsync.sources.debezium.envelope import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
+from cdcsync.config.toast import UNAVAILABLE_JSON, UNAVAILABLE_PLACEHOLDER
+from cdcsync.config.types import PgType, hstore_text
 from cdcsync.sources.debezium.values import (
     DEBEZIUM_BITS,
     Converter,
@@ -88,6 +89,29 @@ def text_converter(pg: PgType) -> Converter:
             if text[max_length:].strip(" "):
                 raise Reject(f"{show(value)} is longer than {expected} allows")
             text = text[:max_length]  # Postgres also cuts excess trailing spaces silently
+        return text
+
+    return convert
+
+
+def hstore_converter(pg: PgType) -> Converter:
+    """``hstore`` in Debezium's ``map`` mode (a JSON object, an Avro map) or ``json`` mode (that object as JSON
+    text), to the Postgres text form ``"k"=>"v"``: keys are strings, values strings or NULL."""
+
+    def convert(value: Any, ctx: Ctx) -> Any:
+        if value is None:
+            return None
+        pairs = value
+        if type(value) is str:
+            try:
+                pairs = json.loads(value)
+            except ValueError:
+                raise bad(value, "hstore", "expected a JSON object of strings") from None
+        if type(pairs) is not dict or not all(type(v) is str or v is None for v in pairs.values()):
+            raise bad(value, "hstore", "expected an object of strings")
+        text = hstore_text(pairs)
+        if "\x00" in text:
+            raise bad(value, "hstore", "Postgres text cannot contain NUL characters")
         return text
 
     return convert

@@ -12,8 +12,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:e183a8284b1d6fd7a30fab07d85ff6c202a86410bb944a13f8eeb7149b48f962
--- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":4,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
+-- checksum: sha256:980f12455879ebbb34811be03dc941977f2b53c8c28c495350e43ec18d496e8d
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -33,9 +33,10 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
     "batch_id" bigint,
     "rows_written" bigint NOT NULL,
     "committed_at" timestamptz NOT NULL DEFAULT now(),
+    "offsets" jsonb,
     PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
 );
-COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a sink, with the Kafka offsets it read ({"topic": {"partition": [start, end]}}); a replay of the same offsets finds its row and is skipped';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     "id" bigserial PRIMARY KEY,
@@ -158,5 +159,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:e183a8284b1d6fd7a30fab07d85ff6c202a86410bb944a13f8eeb7149b48f962')
+VALUES ('shop', '0001_init.sql', 'sha256:980f12455879ebbb34811be03dc941977f2b53c8c28c495350e43ec18d496e8d')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

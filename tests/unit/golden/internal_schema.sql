@@ -16,9 +16,10 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."batch_ledger" (
     "batch_id" bigint,
     "rows_written" bigint NOT NULL,
     "committed_at" timestamptz NOT NULL DEFAULT now(),
+    "offsets" jsonb,
     PRIMARY KEY ("pipeline", "sink", "checkpoint_id", "batch_id")
 );
-COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a Postgres sink; a replayed batch finds its row and is skipped';
+COMMENT ON TABLE "cdcsync"."batch_ledger" IS 'cdcsync: one row per micro-batch committed to a sink, with the Kafka offsets it read ({"topic": {"partition": [start, end]}}); a replay of the same offsets finds its row and is skipped';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
     "id" bigserial PRIMARY KEY,
