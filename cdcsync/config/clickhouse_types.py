@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterable
 
 from cdcsync.config.types import SPARK_MAX_DECIMAL_PRECISION, PgType
+from cdcsync.core import names
 
 _BASE_BY_PG: dict[str, str] = {
     "smallint": "Int16",
@@ -59,7 +60,7 @@ VERSION_COLUMN = "_version"
 DELETED_COLUMN = "_is_deleted"
 TS_COLUMN = "_cdc_ts"
 METADATA_COLUMNS: tuple[tuple[str, str], ...] = (
-    (VERSION_COLUMN, "UInt64"),
+    (VERSION_COLUMN, names.CLICKHOUSE_VERSION_TYPE),
     (DELETED_COLUMN, "UInt8"),
     (TS_COLUMN, "Nullable(DateTime64(6, 'UTC'))"),
 )

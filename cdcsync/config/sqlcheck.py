@@ -25,7 +25,7 @@ ROW = "__cdc_row"
 
 METADATA_TYPES: dict[str, PgType] = {
     "_cdc_op": PgType("text"),
-    "_cdc_version": PgType("bigint"),
+    "_cdc_version": PgType("numeric", (38, 0)),
     "_cdc_ts": PgType("timestamp with time zone"),
     "_cdc_topic": PgType("text"),
     "_cdc_partition": PgType("integer"),

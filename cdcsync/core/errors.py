@@ -81,6 +81,11 @@ class CheckpointAheadError(UserError):
     (exit 2); ``cdcsync rewind PIPELINE --to-ledger`` makes the checkpoint read those batches again."""
 
 
+class SourceWentBack(UserError):
+    """The source's positions went backwards (restored from a backup, replaced): merging would rank its changes
+    below what the target already holds."""
+
+
 class ServiceError(CdcsyncError):
     """A service (Kafka, Postgres, the dev stack) failed or could not be reached."""
 

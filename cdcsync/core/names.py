@@ -15,6 +15,7 @@ SCHEMA_MIGRATIONS_TABLE = "schema_migrations"
 BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
 TRUNCATIONS_TABLE = "truncations"
+SOURCE_POSITIONS_TABLE = "source_positions"
 DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
 DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
     ("_cdc_pipeline", "text"),
@@ -25,6 +26,12 @@ DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
 
 # Columns of the mirror table beside the business columns.
 VERSION_COLUMN = "_cdc_version"
+VERSION_TYPE = "numeric(38,0)"
+"""Postgres type of every version column (mirrors, staging, tombstones, truncate watermarks): a commit position
+(commit LSN, LSN) packed into 128 bits (:mod:`cdcsync.sources.debezium.envelope`). ``bigint`` before; ``cdcsync
+init`` writes the upgrade."""
+CLICKHOUSE_VERSION_TYPE = "UInt128"
+"""ClickHouse type of ``_version`` (``UInt64`` before)."""
 TS_COLUMN = "_cdc_ts"
 DELETED_COLUMN = "_cdc_deleted"  # soft delete mode only
 # Columns of the staging table beside the business columns.

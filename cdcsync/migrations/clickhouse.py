@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import clickhouse_types
+from cdcsync.core import names
 from cdcsync.migrations.files import STATE_FORMAT, ParsedMigration, slug
 from cdcsync.migrations.plan import diff_sinks
 from cdcsync.migrations.target import Applied, Change
@@ -58,6 +59,7 @@ def sink_state(pipeline: Pipeline, sink: ClickHouseSink) -> dict[str, Any]:
         "partition_by": sink.partition_by,
         "ttl": sink.ttl,
         "settings": {"non_replicated_deduplication_window": DEDUPLICATION_WINDOW, **sink.settings},
+        "version_type": names.CLICKHOUSE_VERSION_TYPE,
         "legacy_server": sink.legacy_server,
         "view": sink.view_name,
     }
@@ -86,6 +88,11 @@ def _changed_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -
         for key in _COMPARED_KEYS
         if before.get(key) != after.get(key)
     ]
+
+
+def _upgraded_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    """``_version`` of a table created before versions were commit positions (UInt64) is widened in place."""
+    return [Change("upgrade_version", sink_id)] if before.get("version_type", "UInt64") != after["version_type"] else []
 
 
 def _sink_what(sink_id: str, sink: dict[str, Any]) -> list[str]:
@@ -143,7 +150,8 @@ class ClickHouseTarget:
              "sinks": {"orders_ch": {"database": "default", "table": "orders", "primary_key": ["id"],
                                      "columns": [{"name": "id", "type": "Int64"}, ...],   # business columns only
                                      "partition_by": null, "ttl": null, "legacy_server": false, "view": null,
-                                     "settings": {"non_replicated_deduplication_window": 1000}}}}
+                                     "settings": {"non_replicated_deduplication_window": 1000},
+                                     "version_type": "UInt128"}}}
         """
         sinks: dict[str, Any] = {}
         for sink_id, sink in sorted(pipeline.clickhouse_sinks().items()):
@@ -158,7 +166,9 @@ class ClickHouseTarget:
 
     def diff(self, old: dict[str, Any], new: dict[str, Any]) -> tuple[list[Change], list[str]]:
         """Additive changes (new sinks, new columns) and descriptions of destructive ones."""
-        return diff_sinks(old["sinks"], new["sinks"], removed=_removed_sink, changed=_changed_sink)
+        return diff_sinks(
+            old["sinks"], new["sinks"], removed=_removed_sink, changed=_changed_sink, upgraded=_upgraded_sink
+        )
 
     def render_change(self, change: Change, pipeline_name: str, state: dict[str, Any]) -> tuple[str, list[str], str]:
         """(filename stem without number, human lines, body SQL) for one change; ``state`` is the state after it."""
@@ -174,6 +184,17 @@ class ClickHouseTarget:
         sink = state["sinks"][change.sink_id]
         if change.kind == "add_sink":
             return f"add_sink_{slug(change.sink_id)}", _sink_what(change.sink_id, sink), _render_sink(sink)
+        if change.kind == "upgrade_version":
+            table = ch_quote_qualified(sink["database"], sink["table"])
+            what = [
+                f"sink '{change.sink_id}': `_version` UInt64 -> {sink['version_type']} in {table} "
+                "(source commit order; values kept)"
+            ]
+            return (
+                f"upgrade_versions_{slug(change.sink_id)}",
+                what,
+                render(f"{DATABASE}/upgrade_version.sql.j2", sink=sink),
+            )
         assert change.kind == "add_columns", f"no ClickHouse change of kind {change.kind}"
         names = [column["name"] for column in sink["columns"]]
         after = names[-len(change.columns) - 1 : -1]  # each new column goes after the one before it

@@ -185,6 +185,8 @@ def apply_change(state: dict[str, Any], change: Change, desired: dict[str, Any])
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
     elif change.kind == "add_dynamic_table":
         after.setdefault("dynamic_tables", {})[change.sink_id] = desired["dynamic_tables"][change.sink_id]
+    elif change.kind == "upgrade_version":
+        after["sinks"][change.sink_id]["version_type"] = desired["sinks"][change.sink_id]["version_type"]
     elif change.kind == "upgrade_aggregate":
         after["sinks"][change.sink_id]["aggregate"] = desired["sinks"][change.sink_id]["aggregate"]
     elif change.kind == "add_columns":

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
-INTERNAL_VERSION = 4
+INTERNAL_VERSION = 5
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
-trigger function, 4 the ``offsets`` column of ``batch_ledger``. States without it are version 1."""
+trigger function, 4 the ``offsets`` column of ``batch_ledger``, 5 made truncate watermarks ``numeric(38,0)`` and
+added ``source_positions``. States without it are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -50,6 +51,8 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
         names.BATCH_LEDGER_TABLE,
         'new column "offsets": the Kafka offset ranges each batch read',
     ),
+    (5, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
+    (5, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 
@@ -166,8 +169,13 @@ def _changed_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -
 
 
 def _upgraded_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -> list[Change]:
+    changes = []
+    if before.get("version_type", "bigint") != after["version_type"]:
+        changes.append(Change("upgrade_version", sink_id))
     upgraded = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
-    return [Change("upgrade_aggregate", sink_id, aggregates=upgraded)] if upgraded else []
+    if upgraded:
+        changes.append(Change("upgrade_aggregate", sink_id, aggregates=upgraded))
+    return changes
 
 
 def _diff_dynamic_tables(
@@ -229,6 +237,17 @@ def _sink_what(sink_id: str, sink: dict[str, Any], internal_schema: str) -> list
         lines.append(f"  table {quote_qualified(sink['schema'], aggregate['table'])}: {columns} grouped by {groups}")
         lines.append(f"  statement triggers on {mirror} keeping it up to date, and their functions")
     return lines
+
+
+def _version_what(sink_id: str, sink: dict[str, Any], internal_schema: str) -> list[str]:
+    tables = [quote_qualified(sink["schema"], sink["table"]), quote_qualified(internal_schema, sink["stage_table"])]
+    if sink["tombstone_table"]:
+        tables.append(quote_qualified(internal_schema, sink["tombstone_table"]))
+    return [
+        f"sink '{sink_id}': \"_cdc_version\" bigint -> {names.VERSION_TYPE} (source commit order; values kept) "
+        f"in {', '.join(tables)}",
+        "  (each table is rewritten under an exclusive lock: stop the pipeline first)",
+    ]
 
 
 def _render_dynamic_table(pipeline_name: str, table_id: str, table: dict[str, Any], internal_schema: str) -> str:
@@ -302,11 +321,14 @@ class PostgresTarget:
                                          "columns": [{"name": "id", "type": "bigint"}, ...],
                                          "primary_key": ["id"], "delete_mode": "hard",
                                          "stage_table": "shop__orders_mirror__stage",
-                                         "tombstone_table": "shop__orders_mirror__tombstones"}}}
+                                         "tombstone_table": "shop__orders_mirror__tombstones",
+                                         "version_type": "numeric(38,0)"}}}
 
         Columns keep the source's declaration order; types are canonical (``parse_pg_type(...).sql``);
-        ``tombstone_table`` is null in soft delete mode. A ``postgres_aggregate`` sink's ``table`` is its landing
-        table, and its entry has an ``aggregate`` key as well (see :func:`_aggregate_state`).
+        ``tombstone_table`` is null in soft delete mode; ``version_type`` is the type of ``_cdc_version`` (absent:
+        ``bigint``, written before versions were commit positions; ``init`` then writes the upgrade). A
+        ``postgres_aggregate`` sink's ``table`` is its landing table, and its entry has an ``aggregate`` key as well
+        (see :func:`_aggregate_state`).
 
         Postgres-backed dynamic tables, when there are some, are under ``"dynamic_tables"``:
         ``{"vip": {"schema": "public", "table": "vip_customers", "key_column": "key", "key_type": "bigint"}}``.
@@ -325,6 +347,7 @@ class PostgresTarget:
                 "delete_mode": sink.delete_mode,
                 "stage_table": stage_table,
                 "tombstone_table": tombstone_table if sink.delete_mode == "hard" else None,
+                "version_type": names.VERSION_TYPE,
             }
             if isinstance(sink, PostgresAggregateSink):
                 sinks[sink_id]["aggregate"] = _aggregate_state(pipeline.name, sink_id, sink, columns)
@@ -388,6 +411,7 @@ class PostgresTarget:
                 f"schema {quote_ident(internal_schema)} with tables "
                 f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
                 f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}, "
+                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, "
                 f"{quote_ident(names.DYNAMIC_TABLE_CHANGES_TABLE)}"
             ]
             for sink_id, sink in sorted(state["sinks"].items()):
@@ -414,6 +438,13 @@ class PostgresTarget:
             body = render(f"{DATABASE}/record_sources.sql.j2", sources=sorted(state.get("sources") or {}))
             return "record_source_schemas", what or ["no source schemas"], body
         sink = state["sinks"][change.sink_id]
+        if change.kind == "upgrade_version":
+            body = render(f"{DATABASE}/upgrade_version.sql.j2", sink=sink, internal_schema=internal_schema)
+            return (
+                f"upgrade_versions_{slug(change.sink_id)}",
+                _version_what(change.sink_id, sink, internal_schema),
+                body,
+            )
         if change.kind == "upgrade_aggregate":
             values = {
                 "pipeline": pipeline_name,

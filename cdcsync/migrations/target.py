@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from cdcsync.migrations.files import ParsedMigration
 
 ChangeKind = Literal[
-    "init", "upgrade_internal", "add_sink", "add_columns", "add_dynamic_table", "record_sources", "upgrade_aggregate"
+    "init",
+    "upgrade_internal",
+    "add_sink",
+    "add_columns",
+    "add_dynamic_table",
+    "record_sources",
+    "upgrade_aggregate",
+    "upgrade_version",
 ]
 
 

@@ -246,7 +246,7 @@ class ClickHouseWriter:
             self._mark_other_partitions(client, rows.filter(pc.and_(pc.invert(deleted), may_move)))
         if deletes.num_rows:
             keys = list(zip(*(deletes.column(k).to_pylist() for k in self.primary_key), strict=True))
-            versions = deletes.column(clickhouse_types.VERSION_COLUMN).to_pylist()
+            versions = [int(v) for v in deletes.column(clickhouse_types.VERSION_COLUMN).to_pylist()]
             client.command(self.delete_sql, parameters={"keys": keys, "versions": versions})
         return rows.num_rows
 
@@ -259,7 +259,7 @@ class ClickHouseWriter:
         if not self.markers_sql or rows.num_rows == 0:
             return
         keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
-        versions = rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()
+        versions = [int(v) for v in rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()]
         parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
         client.raw_query(self.markers_sql, parameters=parameters)
 
@@ -301,17 +301,15 @@ def deduplication_token(prefix: str, table: pa.Table) -> str:
 
 
 def to_clickhouse_arrow(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
-    """The business columns plus ``_version`` (UInt64: ``_cdc_version``, snapshot reads at 0), ``_is_deleted``
-    (UInt8) and ``_cdc_ts``, ready to insert."""
+    """The business columns plus ``_version`` (UInt128: ``_cdc_version``, never negative; Arrow has no unsigned
+    128-bit type, ClickHouse converts the decimal on insert), ``_is_deleted`` (UInt8) and ``_cdc_ts``, ready to
+    insert."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     deleted = pc.equal(table.column("_cdc_op"), "d").cast(pa.uint8())
     arrays = [table.column(name) for name in columns]
-    # ReplacingMergeTree needs an unsigned version: snapshot reads (negative _cdc_version, see
-    # cdcsync.sources.debezium.envelope.SNAPSHOT_SHIFT) are stored at 0, below every streamed change; among equal
-    # versions ClickHouse keeps the row inserted last, so a later snapshot still replaces an earlier one.
-    version = pc.max_element_wise(table.column("_cdc_version"), pa.scalar(0, pa.int64())).cast(pa.uint64())
+    version = table.column("_cdc_version").cast(pa.decimal128(38, 0))
     arrays += [version, deleted, table.column("_cdc_ts")]
     names = [*columns, clickhouse_types.VERSION_COLUMN, clickhouse_types.DELETED_COLUMN, clickhouse_types.TS_COLUMN]
     return pa.Table.from_arrays(arrays, names=names)

@@ -25,6 +25,7 @@ from cdcsync.config import toast
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core import names
+from cdcsync.core.errors import SourceWentBack
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
@@ -273,6 +274,12 @@ class PostgresUpsertSink(LedgeredSink):
             "delete_mode": sink.delete_mode,
             "on_truncate": sink.on_truncate,
         }
+        self._position_check_sql = render(
+            "postgres/runtime/position_check.sql.j2", **template_values, **truncate_values
+        )
+        self._position_record_sql = render(
+            "postgres/runtime/position_record.sql.j2", **template_values, **truncate_values
+        )
         self._merge_statements = _split_statements(
             render("postgres/runtime/apply_truncate.sql.j2", **template_values, **truncate_values)
         ) + _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
@@ -318,12 +325,14 @@ class PostgresUpsertSink(LedgeredSink):
             with psycopg.connect(self.dsn) as conn, conn.transaction():
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
+                self._check_positions(conn, batch_id)
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
                 for statement in self._merge_statements:
                     cursor = conn.execute(statement)
                     if ROWS_OUT_TAG in statement:
                         merged += max(cursor.rowcount, 0)
+                conn.execute(self._position_record_sql, {"batch_id": batch_id})
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
                 for statement in self._end_sql:
                     conn.execute(statement)
@@ -332,6 +341,31 @@ class PostgresUpsertSink(LedgeredSink):
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
         return merged
+
+    def _check_positions(self, conn: Any, batch_id: int) -> None:
+        """Stop before merging a snapshot that lies below what this sink has merged: the source went back."""
+        went_back = conn.execute(self._position_check_sql, {"batch_id": batch_id}).fetchone()
+        if went_back is None:
+            return
+        mark, position, reads = went_back
+        source = self.pipeline.source_of(self.sink)
+        topic = f"topic '{source.topic}'" if source.topic else f"topics matching '{source.topic_pattern}'"
+        raise SourceWentBack(
+            f"sink '{self.sink_id}': {reads} snapshot read(s) from {topic} at source position {_lsn(position)} lie "
+            f"below position {_lsn(mark)}, which this sink has already merged: the source database went back "
+            "(restored from a backup, or replaced), and its changes would rank below the rows the target holds",
+            hint=(
+                "see docs/operations.md#a-source-that-went-back: rebuild the target from the new source (reset the "
+                "sink's tables and checkpoint), or, if the source did not go back, delete the sink's row from "
+                f"{names.INTERNAL_SCHEMA}.{names.SOURCE_POSITIONS_TABLE} and run again"
+            ),
+        )
+
+
+def _lsn(position: str) -> str:
+    """An LSN as Postgres writes it (``16/B374D848``), for people to compare with ``pg_current_wal_lsn()``."""
+    value = int(position)
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
 class _AlreadyMerged(Exception):

@@ -41,7 +41,7 @@ ARROW_SCHEMA = pa.schema(
         ("fine", pa.decimal128(12, 4)),
         ("raw", pa.string()),  # unconstrained numeric travels as its exact text
         ("_cdc_op", pa.string()),
-        ("_cdc_version", pa.int64()),
+        ("_cdc_version", pa.decimal128(38, 0)),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
     ]
 )

@@ -96,7 +96,7 @@ def test_apply_creates_the_quoted_tables(conn: psycopg.Connection[Any], tmp_path
         ('we"ird', "text", "NO"),
         ("select", "numeric", "YES"),
         ("User Table", "jsonb", "YES"),
-        ("_cdc_version", "bigint", "NO"),
+        ("_cdc_version", "numeric", "NO"),
         ("_cdc_ts", "timestamp with time zone", "YES"),
     ]
     assert [c[0] for c in columns_of(conn, "order", "select")][-1] == "_cdc_deleted"
@@ -224,3 +224,54 @@ def test_autocommit_connection_works_too(postgres_dsn: str, tmp_path: Path) -> N
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         assert len(migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)) == 1
         migrations.check_ready(POSTGRES, conn, "shop", tmp_path)
+
+
+def test_bigint_versions_are_widened_in_place_and_run_refuses_until_then(
+    conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """A database migrated when ``_cdc_version`` was a bigint (snapshot reads stored below zero): ``run`` names the
+    command, ``init`` writes the upgrade, and applying it keeps every stored version (so their order) intact."""
+    raw = {
+        "name": "shop",
+        "sources": {"orders": {"type": "kafka", "topic": "t", "primary_key": "id", "columns": {"id": "bigint"}}},
+        "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
+    }
+    migrations.init(POSTGRES, pipeline(raw), tmp_path)
+    first = tmp_path / "shop" / "postgres" / "0001_init.sql"
+    text = first.read_text()
+    state_line = next(line for line in text.splitlines() if line.startswith(migrations.STATE_PREFIX))
+    old_state = migrations.parse_migration(text).state
+    assert old_state is not None
+    old_state["internal_version"] = 4
+    del old_state["sinks"]["mirror"]["version_type"]
+    old_text = text.replace(state_line, migrations.state_line(old_state)).replace("numeric(38,0)", "bigint")
+    first.write_text(old_text)
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
+    old_versions = [-(2**62) + 5000, -(2**62) + 9000, 4990, 2**62 - 1]  # two snapshot reads, two changes
+    for key, version in enumerate(old_versions):
+        conn.execute('INSERT INTO app.orders (id, "_cdc_version") VALUES (%s, %s)', (key, version))
+    conn.execute("INSERT INTO cdcsync.truncations (pipeline, sink, version) VALUES ('shop', 'mirror', 4990)")
+    conn.commit()
+    assert ("_cdc_version", "bigint", "NO") in columns_of(conn, "app", "orders")
+
+    with pytest.raises(MigrationError) as refused:
+        migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline_file="shop.yaml", pipeline=pipeline(raw))
+    assert "_cdc_version" in str(refused.value) and "numeric(38,0)" in str(refused.value)
+    assert refused.value.hint is not None and "cdcsync init shop.yaml" in refused.value.hint
+
+    written = [m.filename for m in migrations.init(POSTGRES, pipeline(raw), tmp_path).written]
+    assert written == ["0002_upgrade_internal_tables.sql", "0003_upgrade_versions_mirror.sql"]
+    migrations.apply_pending(POSTGRES, conn, "shop", tmp_path)
+    migrations.check_ready(POSTGRES, conn, "shop", tmp_path, pipeline=pipeline(raw))
+    for schema, table in (
+        ("app", "orders"),
+        ("cdcsync", "shop__mirror__stage"),
+        ("cdcsync", "shop__mirror__tombstones"),
+    ):
+        assert ("_cdc_version", "numeric", "NO") in columns_of(conn, schema, table)
+    stored = conn.execute('SELECT "_cdc_version" FROM app.orders ORDER BY id').fetchall()
+    watermark = conn.execute("SELECT version FROM cdcsync.truncations WHERE sink = 'mirror'").fetchone()
+    conn.commit()
+    assert [int(v) for (v,) in stored] == old_versions and watermark is not None and int(watermark[0]) == 4990
+    # Every change decoded from now on ranks above them: its commit position is above 2**64.
+    assert max(old_versions) < 1 << 64

@@ -27,7 +27,7 @@ SCHEMA = pa.schema(
         ("amount", pa.decimal128(12, 2)),
         ("blob", pa.binary()),
         ("_cdc_op", pa.string()),
-        ("_cdc_version", pa.int64()),
+        ("_cdc_version", pa.decimal128(38, 0)),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -190,6 +190,39 @@ def test_truncate_lands_in_version_order_with_the_changes_around_it(sink: Postgr
     assert {key: row["Name"] for key, row in live(sink).items()} == {2: "new", 3: "after"}
     land(sink, 3, [truncate(60)])
     assert live(sink) == {}
+
+
+def position(commit: int, lsn: int) -> int:
+    """A Debezium version: (last commit LSN, LSN) packed as the decoder packs it."""
+    return (commit << 64) + lsn
+
+
+def test_a_later_snapshot_repairs_after_deletes_and_a_truncate(sink: PostgresUpsertSink) -> None:
+    """Snapshot reads that know their commit position (blocking snapshot (L, 0), incremental reads at their own
+    position) overwrite a stale row and re-create a deleted one, also above a truncate watermark; one that does not
+    (0, S) fills in only, below every streamed change."""
+    land(sink, 0, [change("r", 1, 5000, "initial"), change("u", 1, position(4900, 4990), "streamed")])
+    assert live(sink)[1]["Name"] == "streamed"  # the first change after the snapshot wins (it began before S)
+    land(sink, 1, [truncate(position(6000, 6010)), change("c", 2, position(6100, 6110), "x")])
+    land(sink, 2, [change("d", 2, position(6200, 6210), None, None)])
+    land(sink, 3, [change("r", 2, position(7000, 0), "blocking read"), change("r", 3, position(7000, 7050), "chunk")])
+    assert {key: row["Name"] for key, row in live(sink).items()} == {2: "blocking read", 3: "chunk"}
+    land(sink, 4, [change("u", 3, position(7100, 7020), "streamed after")])
+    assert live(sink)[3]["Name"] == "streamed after"
+
+
+def test_a_snapshot_below_the_merged_positions_stops_the_run(sink: PostgresUpsertSink) -> None:
+    from cdcsync.core.errors import SourceWentBack
+
+    land(sink, 0, [change("c", 1, position(0x16_B374_D848, 0x16_B374_D900), "old source")])
+    land(sink, 1, [change("r", 2, 0x17_0000_0000, "a re-snapshot of the same source")])  # above: fine
+    with pytest.raises(SourceWentBack) as went_back:
+        land(sink, 2, [change("r", 3, 0x3_0000_0000, "restored source")])
+    message = str(went_back.value)
+    assert "topic 't'" in message and "3/0" in message and "16/B374D848" in message
+    assert went_back.value.hint is not None and "source_positions" in went_back.value.hint
+    assert set(live(sink)) == {1, 2}  # nothing of the refused batch landed, and it is not in the ledger
+    assert land(sink, 2, [change("c", 4, position(0x17_0000_0100, 0x17_0000_0200), "retried")]) is not None
 
 
 def test_on_truncate_ignore_keeps_the_rows(postgres_dsn: str, tmp_path: Path) -> None:
@@ -361,7 +394,7 @@ TYPED_SCHEMA = pa.schema(
         ("vflags", pa.string()),
         ("t0", pa.string()),
         ("_cdc_op", pa.string()),
-        ("_cdc_version", pa.int64()),
+        ("_cdc_version", pa.decimal128(38, 0)),
         ("_cdc_ts", pa.timestamp("us", tz="UTC")),
     ]
 )

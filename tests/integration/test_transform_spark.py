@@ -42,7 +42,7 @@ def make_pipeline(transforms: dict[str, Any], sink_from: str) -> Pipeline:
 
 
 def change(op: str, offset: int, partition: int = 0) -> tuple[Any, ...]:
-    return (op, offset, TS, "orders", partition, offset)
+    return (op, Decimal(offset), TS, "orders", partition, offset)
 
 
 def register_source(spark: Any, pipeline: Pipeline, source_id: str, rows: list[tuple[Any, ...]]) -> None:
@@ -214,12 +214,12 @@ def test_batch_keys_behave_as_if_changes_came_one_at_a_time(spark: Any) -> None:
         pipeline,
         "user.events",
         [
-            (100, 1, "c", 5, TS, "events", 0, 5),  # user 1 seen in an earlier batch
-            (101, 2, "c", 6, TS, "events", 0, 6),  # user 2: first here ...
-            (102, 2, "c", 7, TS, "events", 0, 7),  # ... and again later in the same batch
-            (103, 3, "c", 3, TS, "events", 1, 3),  # user 3 on partition 1, lower offset ...
-            (104, 3, "c", 4, TS, "events", 0, 4),  # ... than this one on partition 0 (partition orders first)
-            (105, None, "c", 8, TS, "events", 0, 8),
+            (100, 1, "c", Decimal(5), TS, "events", 0, 5),  # user 1 seen in an earlier batch
+            (101, 2, "c", Decimal(6), TS, "events", 0, 6),  # user 2: first here ...
+            (102, 2, "c", Decimal(7), TS, "events", 0, 7),  # ... and again later in the same batch
+            (103, 3, "c", Decimal(3), TS, "events", 1, 3),  # user 3 on partition 1, lower offset ...
+            (104, 3, "c", Decimal(4), TS, "events", 0, 4),  # ... than this one on partition 0 (partition orders first)
+            (105, None, "c", Decimal(8), TS, "events", 0, 8),
         ],
     )
     register_keys(spark, "seen_users", [1], "bigint")

@@ -29,7 +29,6 @@ from cdcsync.devstack import workload
 from cdcsync.sources.debezium import avro_registry
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess, strip_logical_types
 from cdcsync.sources.debezium.dispatch import decode_batches, output_spark_schema
-from cdcsync.sources.debezium.envelope import SNAPSHOT_SHIFT
 from cdcsync.sources.debezium.spec import DecodeSpec, output_arrow_schema
 from tests.unit.test_debezium_decode import TOPIC, kafka_batch
 
@@ -134,6 +133,7 @@ def envelope(fields: Sequence[tuple[str, Any]]) -> dict[str, Any]:
                         {"name": "ts_ms", "type": "long"},
                         {"name": "snapshot", "type": opt({"type": "string", "connect.name": "io.debezium.data.Enum"})},
                         {"name": "lsn", "type": opt("long"), "default": None},
+                        {"name": "sequence", "type": opt("string"), "default": None},
                     ],
                 },
             },
@@ -175,7 +175,8 @@ def encode(schema_id: int, schema: Any, record: Any, *, magic: int = 0) -> bytes
 def change(
     op: str, after: Any = None, before: Any = None, *, lsn: int | None = 1000, ts_ms: int = 1_704_067_200_000
 ) -> dict:
-    source = {"connector": "postgresql", "ts_ms": ts_ms, "snapshot": "false", "lsn": lsn}
+    sequence = None if lsn is None else f'["{lsn - 10}","{lsn}"]'
+    source = {"connector": "postgresql", "ts_ms": ts_ms, "snapshot": "false", "lsn": lsn, "sequence": sequence}
     return {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms + 500, "transaction": None}
 
 
@@ -236,7 +237,8 @@ def test_envelope_ops_take_after_with_lsn_and_source_time(registry: Any, op: str
     row = only(decode(spec, [(None, encode(schema_id, schema, payload))]))
     assert {k: row[k] for k in BASIC_COLUMNS} == {"id": 7, "name": "new", "qty": 3}
     assert row["_cdc_op"] == op and row["_dlq_reason"] is None and row["_dlq_value"] is None
-    assert row["_cdc_version"] == 4242 - (SNAPSHOT_SHIFT if op == "r" else 0)  # snapshot reads rank below changes
+    # Commit order from source.sequence: [last commit, LSN]; a snapshot read ranks at the last commit, below it.
+    assert row["_cdc_version"] == (4232 << 64) + (0 if op == "r" else 4242)
     assert row["_cdc_ts"] == datetime(2024, 1, 1, tzinfo=UTC)
 
 
@@ -248,7 +250,7 @@ def test_delete_takes_before_and_version_falls_back_to_the_offset(registry: Any)
     payload = change("d", before={"id": 8, "name": None, "qty": None}, lsn=None)
     row = only(decode(spec, [(None, encode(schema_id, schema, payload))]))
     assert (row["id"], row["name"], row["_cdc_op"]) == (8, None, "d")
-    assert row["_cdc_version"] == row["_cdc_offset"] == 100
+    assert (row["_cdc_version"], row["_cdc_offset"]) == ((1 << 64) + 100, 100)
 
 
 def test_tombstones_produce_no_rows(registry: Any) -> None:
@@ -292,6 +294,7 @@ def test_the_same_changes_decode_to_the_same_rows_as_json(registry: Any) -> None
                 "ts_ms": source["ts_ms"],
                 "snapshot": "false",
                 "lsn": source["lsn"],
+                "sequence": source.get("sequence"),
             }
             payload["transaction"] = None
             value = encode(schema_id, schema, payload)

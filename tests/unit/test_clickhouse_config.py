@@ -4,6 +4,7 @@ migration planner, and the insert token / Arrow shaping the executors use."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,24 @@ def test_init_writes_only_the_next_file_and_refuses_destructive_changes(tmp_path
     assert "sink 'more' was removed or renamed" in str(refused.value)
 
 
+def test_tables_with_uint64_versions_get_an_upgrade_that_widens_them(tmp_path: Path) -> None:
+    migrations.init(CLICKHOUSE, pipeline(), tmp_path)
+    first = tmp_path / "shop" / "clickhouse" / "0001_init.sql"
+    text = first.read_text()
+    assert "`_version` UInt128," in text
+    state_line = next(line for line in text.splitlines() if line.startswith(migrations.STATE_PREFIX))
+    old_state = json.loads(state_line[len(migrations.STATE_PREFIX) :])
+    del old_state["sinks"]["orders_ch"]["version_type"]
+    first.write_text(text.replace(state_line, migrations.state_line(old_state)))
+    (written,) = migrations.init(CLICKHOUSE, pipeline(), tmp_path).written
+    assert written.filename == "0002_upgrade_versions_orders_ch.sql"
+    body = migrations.parse_migration(written.text).body
+    assert (
+        ch_migrations.split_statements(body)[0] == "ALTER TABLE `analytics`.`orders` MODIFY COLUMN `_version` UInt128"
+    )
+    assert migrations.plan(CLICKHOUSE, pipeline(), tmp_path) == []
+
+
 # ---- executor-side shaping ---------------------------------------------------------------------------------------
 
 
@@ -239,7 +258,7 @@ def _decoded(offsets: list[int], partition: int = 3) -> Any:
             "id": pa.array(range(n), pa.int64()),
             "amount": pa.array([Decimal("1.00")] * n, pa.decimal128(12, 2)),
             "_cdc_op": ["c"] * (n - 1) + ["d"],
-            "_cdc_version": pa.array(offsets, pa.int64()),
+            "_cdc_version": pa.array([(1 << 64) + o for o in offsets], pa.decimal128(38, 0)),
             "_cdc_ts": pa.array([dt.datetime(2024, 1, 1)] * n, pa.timestamp("us", tz="UTC")),
             "_cdc_topic": ["shop.orders"] * n,
             "_cdc_partition": pa.array([partition] * n, pa.int32()),
@@ -261,9 +280,9 @@ def test_rows_for_clickhouse_carry_version_and_deleted_flag() -> None:
 
     rows = to_clickhouse_arrow(_decoded([7, 8]), ("id", "amount"))
     assert rows.column_names == ["id", "amount", "_version", "_is_deleted", "_cdc_ts"]
-    assert rows.schema.field("_version").type == pa.uint64()
+    assert rows.schema.field("_version").type == pa.decimal128(38, 0)  # into UInt128; Arrow has no such type
     assert rows.column("_is_deleted").to_pylist() == [0, 1]
-    assert rows.column("_version").to_pylist() == [7, 8]
+    assert rows.column("_version").to_pylist() == [(1 << 64) + 7, (1 << 64) + 8]
 
 
 def test_retriable_errors_are_told_apart_by_code_not_text() -> None:

@@ -21,7 +21,6 @@ from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import DecodeError
 from cdcsync.devstack import workload
 from cdcsync.sources.debezium.dispatch import decode_batches, output_spark_schema
-from cdcsync.sources.debezium.envelope import SNAPSHOT_SHIFT
 from cdcsync.sources.debezium.json import JsonPlan
 from cdcsync.sources.debezium.plan import compile_payload_decoder
 from cdcsync.sources.debezium.spec import DecodeSpec, output_arrow_schema
@@ -84,10 +83,16 @@ def change(
     lsn: int | None = 1000,
     ts_ms: int | None = 1_704_067_200_000,
     envelope_ts_ms: int | None = 1_704_067_200_500,
+    sequence: str | None = None,
+    snapshot: str | None = None,
 ) -> dict:
     source: dict[str, Any] = {"connector": "postgresql", "db": "shop", "schema": "public", "table": "things"}
     if lsn is not None:
         source["lsn"] = lsn
+    if sequence is not None:
+        source["sequence"] = sequence
+    if snapshot is not None:
+        source["snapshot"] = snapshot
     if ts_ms is not None:
         source["ts_ms"] = ts_ms
     payload: dict[str, Any] = {"before": before, "after": after, "source": source, "op": op}
@@ -178,7 +183,7 @@ def test_output_schema_ddl_quotes_names_and_matches_arrow() -> None:
     ddl = output_spark_schema(spec)
     assert ddl.startswith('`id` bigint, `Order Total` decimal(12,2), `we"ird``name` string, `small` smallint, ')
     assert ddl.endswith(
-        "`_cdc_op` string, `_cdc_version` bigint, `_cdc_ts` timestamp, `_cdc_topic` string, `_cdc_partition` int, "
+        "`_cdc_op` string, `_cdc_version` decimal(38,0), `_cdc_ts` timestamp, `_cdc_topic` string, `_cdc_partition` int, "
         "`_cdc_offset` bigint, `_dlq_reason` string, `_dlq_report` string, `_dlq_key` binary, `_dlq_value` binary"
     )
     schema = output_arrow_schema(spec)
@@ -203,7 +208,7 @@ def test_output_schema_ddl_quotes_names_and_matches_arrow() -> None:
         "v": pa.string(),
         "iv": pa.string(),
         "_cdc_op": pa.string(),
-        "_cdc_version": pa.int64(),
+        "_cdc_version": pa.decimal128(38, 0),
         "_cdc_ts": pa.timestamp("us", tz="UTC"),
         "_cdc_topic": pa.string(),
         "_cdc_partition": pa.int32(),
@@ -259,14 +264,71 @@ def test_create_update_read_take_after(op: str) -> None:
     assert (row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"]) == (TOPIC, 3, 100)
 
 
-def test_snapshot_reads_rank_below_every_streamed_change() -> None:
-    """Debezium stamps snapshot rows with the snapshot's start LSN, which the next streamed change can share."""
-    snapshot = only(decode(BASIC, [(key(7), dumps(change("r", after={"id": 7}, lsn=5000)))]))
-    streamed = only(decode(BASIC, [(key(7), dumps(change("d", before={"id": 7}, lsn=5000)))]))
-    older_snapshot = only(decode(BASIC, [(key(7), dumps(change("r", after={"id": 7}, lsn=4000)))]))
-    assert older_snapshot["_cdc_version"] < snapshot["_cdc_version"] < 0 < streamed["_cdc_version"] == 5000
+def versions(*payloads: dict) -> list[int]:
+    rows = decode(BASIC, [(key(7), dumps(payload)) for payload in payloads])
+    assert all(row["_dlq_reason"] is None for row in rows), rows
+    return [int(row["_cdc_version"]) for row in rows]
+
+
+def test_version_follows_commit_order_across_interleaved_transactions() -> None:
+    """A DEFERRABLE key: T1 (began first, LSNs 100..) re-inserts key 7 and commits after T2, which deleted it at a
+    higher LSN. Debezium streams T2 then T1; T1's changes carry T2's commit end as their last commit."""
+    t2_delete = change("d", before={"id": 7}, lsn=300, sequence='["250","300"]')  # T0 committed at 250
+    t1_insert = change("c", after={"id": 7, "name": "back"}, lsn=100, sequence='["340","100"]')  # T2 ended at 340
+    t1_update = change("u", after={"id": 7, "name": "later"}, lsn=120, sequence='["340","120"]')
+    next_tx = change("u", after={"id": 7, "name": "next"}, lsn=110, sequence='["400","110"]')
+    delete, insert, update, after_that = versions(t2_delete, t1_insert, t1_update, next_tx)
+    assert delete < insert < update < after_that  # the change's own LSN (300 > 100) would rank the delete first
+    assert insert == (340 << 64) + 100
+
+
+def test_commit_order_reads_the_same_with_and_without_schemas() -> None:
+    fields = [field("id", "int64"), field("name", "string")]
+    late = change("c", after={"id": 7, "name": "x"}, lsn=100, sequence='["340","100"]')
+    early = change("d", before={"id": 7, "name": "x"}, lsn=300, sequence='["250","300"]')
+    plain = versions(early, late)
+    with_schemas = decode(BASIC, [(key(7), wrapped(early, fields)), (key(7), wrapped(late, fields))])
+    assert [int(row["_cdc_version"]) for row in with_schemas] == plain and plain[0] < plain[1]
+
+
+def test_snapshot_reads_rank_below_the_streamed_changes_after_them() -> None:
+    """An initial snapshot with fresh offsets stamps ``[null, S]``; the first transaction after it carries no last
+    commit and may have begun before S (a lower LSN); the next one carries the first one's commit end."""
+    snapshot = change("r", after={"id": 7}, lsn=5000, sequence='[null,"5000"]', snapshot="last")
+    older_snapshot = change("r", after={"id": 7}, lsn=4000, sequence='[null,"4000"]', snapshot="true")
+    first_tx = change("u", after={"id": 7}, lsn=4990, sequence='[null,"4990"]')
+    second_tx = change("d", before={"id": 7}, lsn=4995, sequence='["5100","4995"]')
+    read, older, first, second = versions(snapshot, older_snapshot, first_tx, second_tx)
+    assert older < read < first < second
+    # A snapshot that knows the last commit (blocking, recovery) ranks at that commit: above every older
+    # transaction (so it repairs), below every change of the transactions after it.
+    blocking = change("r", after={"id": 7}, lsn=9000, sequence='["8000","9000"]', snapshot="true")
+    before_it = change("u", after={"id": 7}, lsn=7990, sequence='["7900","7990"]')
+    after_it = change("u", after={"id": 7}, lsn=7995, sequence='["8000","7995"]')
+    stale, repair, newer = versions(before_it, blocking, after_it)
+    assert second < stale < repair < newer
+    # An incremental snapshot read is exact at its close-window position: it ranks like a streamed change.
+    incremental = change("r", after={"id": 7}, lsn=9100, sequence='["9050","9100"]', snapshot="incremental")
+    truncate = change("t", lsn=9010, sequence='["9000","9010"]')
+    (watermark,) = versions(truncate)
+    (chunk,) = versions(incremental)
+    assert newer < watermark < chunk
+
+
+def test_version_falls_back_to_source_lsn_then_the_kafka_offset() -> None:
+    plain = change("u", after={"id": 7}, lsn=5000)  # no sequence: the LSN stands in for the commit position
+    read = change("r", after={"id": 7}, lsn=6000)
+    assert versions(plain, read) == [(5000 << 64) + 5000, 6000]
     no_lsn = only(decode(BASIC, [(key(7), dumps(change("r", after={"id": 7}, lsn=None)))]))
-    assert no_lsn["_cdc_version"] == 100 - SNAPSHOT_SHIFT  # the Kafka offset, shifted the same way
+    streamed = only(decode(BASIC, [(key(7), dumps(change("u", after={"id": 7}, lsn=None)))]))
+    assert (no_lsn["_cdc_version"], streamed["_cdc_version"]) == (100, (1 << 64) + 100)  # reads below changes
+
+
+def test_a_position_that_does_not_fit_the_version_is_a_clear_reason() -> None:
+    too_big = change("u", after={"id": 7}, lsn=5, sequence=f'["{2**62}","5"]')
+    negative = change("u", after={"id": 7}, lsn=-5)
+    rows = decode(BASIC, [(key(7), dumps(too_big)), (key(7), dumps(negative))])
+    assert all("does not fit _cdc_version" in row["_dlq_reason"] for row in rows), rows
 
 
 def test_delete_takes_before_even_when_it_holds_only_the_key() -> None:
@@ -326,7 +388,7 @@ def test_a_truncate_is_a_row_without_values_or_key() -> None:
     """Debezium's truncate event has no row and no message key; the sinks apply it by its version."""
     (row,) = decode(BASIC, [(None, dumps(change("t", lsn=5000)))])
     assert business(row, BASIC) == {"id": None, "name": None, "qty": None}
-    assert (row["_cdc_op"], row["_cdc_version"], row["_dlq_reason"]) == ("t", 5000, None)
+    assert (row["_cdc_op"], row["_cdc_version"], row["_dlq_reason"]) == ("t", (5000 << 64) + 5000, None)
 
 
 def test_the_toast_placeholder_of_a_json_column_is_valid_json() -> None:
@@ -775,13 +837,16 @@ def test_composite_declared_key_needs_every_column() -> None:
 def test_version_is_the_lsn_else_the_kafka_offset() -> None:
     after = {"id": 1, "name": "a", "qty": 1}
     messages = [
-        (key(1), dumps(change("c", after, lsn=987_654_321))),
+        (key(1), dumps(change("c", after, lsn=987_654_321, sequence='["987654000","987654321"]'))),
         (key(1), dumps(change("u", after, lsn=None))),
         (key(1), dumps({**change("u", after), "source": {"lsn": "0/16B3748"}})),
         (key(1), dumps({**change("u", after), "source": None})),
     ]
     rows = decode(BASIC, messages, first_offset=500)
-    assert [r["_cdc_version"] for r in rows] == [987_654_321, 501, 502, 503]
+    assert [r["_cdc_version"] for r in rows] == [
+        (987_654_000 << 64) + 987_654_321,
+        *((1 << 64) + o for o in (501, 502, 503)),
+    ]
 
 
 def test_ts_is_source_ts_ms_else_payload_ts_ms_else_kafka_timestamp() -> None:
@@ -815,7 +880,7 @@ def test_kafka_source_columns_with_other_arrow_types_are_accepted() -> None:
     out = next(decode_batches(iter([batch]), BASIC))
     assert out.schema == output_arrow_schema(BASIC)
     row = out.to_pylist()[0]
-    assert (row["_cdc_version"], row["_cdc_partition"], row["_cdc_topic"]) == (77, 2, TOPIC)
+    assert (row["_cdc_version"], row["_cdc_partition"], row["_cdc_topic"]) == ((1 << 64) + 77, 2, TOPIC)
     assert row["_cdc_ts"] == datetime.fromtimestamp(KAFKA_TS_MS / 1000, tz=UTC)
 
 

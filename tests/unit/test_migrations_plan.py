@@ -306,6 +306,7 @@ def test_desired_state_is_json_able() -> None:
         "delete_mode": "hard",
         "stage_table": "shop__orders_mirror__stage",
         "tombstone_table": "shop__orders_mirror__tombstones",
+        "version_type": "numeric(38,0)",
     }
     assert state["sinks"]["soft"]["tombstone_table"] is None
 
@@ -335,6 +336,39 @@ def test_migrations_of_an_older_cdcsync_get_an_internal_upgrade(migrations_dir: 
     assert 'CREATE TABLE IF NOT EXISTS "cdcsync"."truncations"' in text
     assert '"app"."orders"' not in text
     assert migrations.init(POSTGRES, pipeline(base_raw()), migrations_dir).up_to_date
+
+
+def test_tables_with_bigint_versions_get_an_upgrade_that_widens_them(migrations_dir: Path) -> None:
+    """Migrations written when ``_cdc_version`` was a bigint (no ``version_type``, internal tables version 4):
+    ``init`` widens every version column in place, values kept, and ``run`` refuses until it is applied."""
+    raw = base_raw()
+    raw["sinks"]["soft"] = {"type": "postgres", "from": "orders", "schema": "s", "table": "t", "delete_mode": "soft"}
+    migrations.init(POSTGRES, pipeline(raw), migrations_dir)
+    first = files_dir(migrations_dir) / "0001_init.sql"
+    old_text = first.read_text()
+    state_line = next(line for line in old_text.splitlines() if line.startswith(migrations.STATE_PREFIX))
+    old_state = json.loads(state_line[len(migrations.STATE_PREFIX) :])
+    old_state["internal_version"] = 4
+    for sink in old_state["sinks"].values():
+        del sink["version_type"]
+    first.write_text(old_text.replace(state_line, migrations.state_line(old_state)))
+
+    pending = migrations.plan(POSTGRES, pipeline(raw), migrations_dir)
+    assert [m.filename for m in pending] == [
+        "0002_upgrade_internal_tables.sql",
+        "0003_upgrade_versions_orders_mirror.sql",
+        "0004_upgrade_versions_soft.sql",
+    ]
+    internal, mirror, soft = (m.text for m in migrations.init(POSTGRES, pipeline(raw), migrations_dir).written)
+    assert 'ALTER TABLE "cdcsync"."truncations" ALTER COLUMN "version" TYPE numeric(38,0);' in internal
+    widened = re.findall(r'ALTER TABLE ("[^;]+") ALTER COLUMN "_cdc_version" TYPE numeric\(38,0\);', mirror)
+    assert widened == [
+        '"app"."orders"',
+        '"cdcsync"."shop__orders_mirror__stage"',
+        '"cdcsync"."shop__orders_mirror__tombstones"',
+    ]
+    assert soft.count("ALTER COLUMN") == 2  # soft delete mode has no tombstone table
+    assert migrations.init(POSTGRES, pipeline(raw), migrations_dir).up_to_date
 
 
 # ---- dynamic tables ------------------------------------------------------------------------------------------
@@ -412,7 +446,11 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
 
 @pytest.mark.parametrize(
     ("old_version", "creates"),
-    [(None, ["truncations", "dynamic_table_changes"]), (2, ["dynamic_table_changes"]), (3, [])],
+    [
+        (None, ["truncations", "dynamic_table_changes", "source_positions"]),
+        (2, ["dynamic_table_changes", "source_positions"]),
+        (3, ["source_positions"]),
+    ],
 )
 def test_internal_upgrade_creates_what_the_old_version_lacks(
     migrations_dir: Path, old_version: int | None, creates: list[str]

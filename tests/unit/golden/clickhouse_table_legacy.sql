@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS `analytics`.`orders` (
     `uid` Nullable(UUID),
     `doc` Nullable(String),
     `Note \`x\`` Nullable(String),
-    `_version` UInt64,
+    `_version` UInt128,
     `_is_deleted` UInt8,
     `_cdc_ts` Nullable(DateTime64(6, 'UTC'))
 )

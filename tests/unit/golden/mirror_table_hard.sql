@@ -5,7 +5,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders" (
     "customer_id" bigint,
     "amount" numeric(12,2),
     "note" text,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     PRIMARY KEY ("id")
 );
@@ -18,14 +18,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
     "amount" numeric(12,2),
     "note" text,
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
     "id" bigint NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';

@@ -5,7 +5,7 @@ CREATE TABLE IF NOT EXISTS "app"."orders_soft" (
     "customer_id" bigint,
     "amount" numeric(12,2),
     "note" text,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz,
     "_cdc_deleted" boolean NOT NULL DEFAULT false,
     PRIMARY KEY ("id")
@@ -19,7 +19,7 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_soft__stage" (
     "amount" numeric(12,2),
     "note" text,
     "_cdc_op" text NOT NULL,
-    "_cdc_version" bigint NOT NULL,
+    "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
 COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_soft'': micro-batches are copied here, then merged into "app"."orders_soft"';
