@@ -225,6 +225,19 @@ def test_a_snapshot_below_the_merged_positions_stops_the_run(sink: PostgresUpser
     assert land(sink, 2, [change("c", 4, position(0x17_0000_0100, 0x17_0000_0200), "retried")]) is not None
 
 
+def test_reads_of_the_snapshot_already_merged_never_stop_the_run(sink: PostgresUpsertSink) -> None:
+    """Several partitions: one partition's streamed changes can be merged before another's reads of the same
+    snapshot are read. Those reads lie below the mark, yet they are no sign of a source that went back."""
+    snapshot = 0x16_0000_0000
+    land(sink, 0, [change("r", 1, snapshot, "read in partition 0")])
+    land(sink, 1, [change("u", 1, position(snapshot + 0x100, snapshot + 0x80), "streamed in partition 0")])
+    assert land(sink, 2, [change("r", 2, snapshot, "read in partition 1, later")]) is not None
+    assert {key: row["Name"] for key, row in live(sink).items()} == {
+        1: "streamed in partition 0",
+        2: "read in partition 1, later",
+    }
+
+
 def test_on_truncate_ignore_keeps_the_rows(postgres_dsn: str, tmp_path: Path) -> None:
     sink = make_sink("hard", postgres_dsn, tmp_path, on_truncate="ignore")
     land(sink, 0, [change("c", 1, 10, "kept"), truncate(20), change("c", 2, 30, "also")])

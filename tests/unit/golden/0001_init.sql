@@ -13,7 +13,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:f4af32e50d83de29a3dd31c5299e27c050bfe3c6d764f479632aeae7138714bd
+-- checksum: sha256:6af1cb1f7b339119e3d8ed3d4a1d40e5facb8a340ba6e17a0d5171d91d32d837
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null,"version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
@@ -66,11 +66,12 @@ COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of t
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
     "sink" text,
-    "position" numeric(38,0) NOT NULL,
+    "position" numeric(38,0),
+    "snapshot" numeric(38,0),
     "seen_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
-COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -150,5 +151,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:f4af32e50d83de29a3dd31c5299e27c050bfe3c6d764f479632aeae7138714bd')
+VALUES ('shop', '0001_init.sql', 'sha256:6af1cb1f7b339119e3d8ed3d4a1d40e5facb8a340ba6e17a0d5171d91d32d837')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

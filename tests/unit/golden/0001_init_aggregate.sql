@@ -12,7 +12,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:7bec5ffc77a5787ef663d62d78ec7fe1495ff46a96091b469324702a7f41ef9f
+-- checksum: sha256:eb90a870055dd8767a0f554c5610043289425e18428b720e083d549c1398d199
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
@@ -65,11 +65,12 @@ COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of t
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
     "sink" text,
-    "position" numeric(38,0) NOT NULL,
+    "position" numeric(38,0),
+    "snapshot" numeric(38,0),
     "seen_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
-COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -357,5 +358,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:7bec5ffc77a5787ef663d62d78ec7fe1495ff46a96091b469324702a7f41ef9f')
+VALUES ('shop', '0001_init.sql', 'sha256:eb90a870055dd8767a0f554c5610043289425e18428b720e083d549c1398d199')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

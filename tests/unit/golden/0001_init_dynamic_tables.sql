@@ -12,7 +12,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:980f12455879ebbb34811be03dc941977f2b53c8c28c495350e43ec18d496e8d
+-- checksum: sha256:9d8838e85b0c95510e8d1ab3204058c1a977cdc16cda555a8e22f1c3ea172ba9
 -- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
@@ -65,11 +65,12 @@ COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of t
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
     "sink" text,
-    "position" numeric(38,0) NOT NULL,
+    "position" numeric(38,0),
+    "snapshot" numeric(38,0),
     "seen_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
-COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -159,5 +160,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:980f12455879ebbb34811be03dc941977f2b53c8c28c495350e43ec18d496e8d')
+VALUES ('shop', '0001_init.sql', 'sha256:9d8838e85b0c95510e8d1ab3204058c1a977cdc16cda555a8e22f1c3ea172ba9')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

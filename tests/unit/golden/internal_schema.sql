@@ -48,11 +48,12 @@ COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of t
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
     "sink" text,
-    "position" numeric(38,0) NOT NULL,
+    "position" numeric(38,0),
+    "snapshot" numeric(38,0),
     "seen_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("pipeline", "sink")
 );
-COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position merged; a snapshot below it stops the run';
+COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
