@@ -44,6 +44,7 @@ from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.sinks import tombstones
+from cdcsync.sinks.clickhouse_values import fit_temporal_columns
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class ClickHouseWriter:
             return 0
         moves = self._key_moves(table)
         table = newest_per_key(table, self.primary_key, self.toastable)
+        table = fit_temporal_columns(table, self.columns, self.sink_label)
         doing = (
             f"{self.sink_label}: inserting batch {self.batch_id} ({token.rsplit('/', 1)[-1]}) "
             f"into {self.database}.{self.table}"

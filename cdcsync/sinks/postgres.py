@@ -193,9 +193,23 @@ def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholde
     if pa.types.is_null(column.type):  # every value NULL (a partition of deletes, say): Arrow typed it so
         return pa.array([False] * len(column), type=pa.bool_())
     if isinstance(placeholder, tuple):  # an array column: Arrow compares no lists, Python does
-        wanted = list(placeholder)
-        return pa.array([value == wanted for value in column.to_pylist()], type=pa.bool_())
+        # On the values' integer storage: a date[] may hold dates Python has no date for (infinity, BC years).
+        storage = _integer_storage(column.type)
+        wanted = pa.array([list(placeholder)], type=column.type).cast(storage)[0].as_py()
+        return pa.array([value == wanted for value in column.cast(storage).to_pylist()], type=pa.bool_())
     return pc.fill_null(pc.equal(column, pa.scalar(placeholder, column.type)), False)
+
+
+def _integer_storage(list_type: pa.DataType) -> pa.DataType:
+    """A list of dates or timestamps as a list of their integers (the same values); other lists as they are."""
+    import pyarrow as pa
+
+    value_type = list_type.value_type
+    if pa.types.is_date32(value_type):
+        return pa.list_(pa.int32())
+    if pa.types.is_timestamp(value_type) or pa.types.is_date64(value_type):
+        return pa.list_(pa.int64())
+    return list_type
 
 
 def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: Placeholder) -> pa.Table:
@@ -207,15 +221,16 @@ def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placehol
     unavailable = placeholder_mask(column, placeholder)
     if not pc.any(pc.and_(unavailable, mask)).as_py():
         return table
-    values, is_placeholder, starts = column.to_pylist(), unavailable.to_pylist(), mask.to_pylist()
+    is_placeholder, starts = unavailable.to_pylist(), mask.to_pylist()
+    source = list(range(len(column)))  # by index, not by value: no value needs a Python equivalent
     for first in (i for i, start in enumerate(starts) if start and is_placeholder[i]):
         older = first + 1
-        while older < len(values) and not starts[older]:
+        while older < len(column) and not starts[older]:
             if not is_placeholder[older]:
-                values[first] = values[older]
+                source[first] = older
                 break
             older += 1
-    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
+    return table.set_column(table.schema.get_field_index(name), name, column.take(pa.array(source, pa.int64())))
 
 
 def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:

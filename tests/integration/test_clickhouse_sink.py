@@ -497,3 +497,68 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     current = current_rows()
     assert set(current) == {3, 4, 7, 8}
     assert current[7] == full(1) and current[8] == full(21)
+
+
+def test_dates_and_timestamps_land_over_clickhouses_whole_range_with_the_infinities_at_its_ends(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """ClickHouse would saturate or wrap a DateTime64 outside 0000-9999 without a word: such a value stops the
+    batch; ``±infinity`` lands at the ends, so it still sorts after and before every other value."""
+    import pyarrow as pa
+
+    from cdcsync.core import temporal
+    from cdcsync.core.reports import ReportedFailure
+    from cdcsync.sinks.clickhouse_values import MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS
+
+    client = clickhouse_database.client()
+    raw = {
+        "name": f"it_{uuid.uuid4().hex[:10]}",
+        "sources": {
+            "things": {
+                "type": "kafka",
+                "topic": "t.things",
+                "primary_key": "id",
+                "columns": {"id": "bigint", "d": "date", "ts": "timestamptz", "days": "date[]"},
+            }
+        },
+        "sinks": {
+            "ch": {"type": "clickhouse", "from": "things", "database": clickhouse_database.database, "table": "things"}
+        },
+    }
+    pipeline = validate_pipeline_dict(raw)
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+
+    def changes(days: list[int], micros: list[int]) -> pa.Table:
+        n = len(days)
+        return pa.table(
+            {
+                "id": pa.array(range(1, n + 1), pa.int64()),
+                "d": pa.array(days, pa.date32()),
+                "ts": pa.array(micros, pa.timestamp("us", tz="UTC")),
+                "days": pa.array([[day] for day in days], pa.list_(pa.date32())),
+                "_cdc_op": ["c"] * n,
+                "_cdc_version": pa.array(range(10, 10 + n), pa.decimal128(38, 0)),
+                "_cdc_ts": pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+                "_cdc_topic": ["t.things"] * n,
+                "_cdc_partition": pa.array([0] * n, pa.int32()),
+                "_cdc_offset": pa.array(range(100, 100 + n), pa.int64()),
+            }
+        )
+
+    days = [temporal.DATE_NEGATIVE_INFINITY, MIN_DAYS, -1, 0, MAX_DAYS, temporal.DATE_POSITIVE_INFINITY]
+    micros = [temporal.TIMESTAMP_NEGATIVE_INFINITY, MIN_MICROS, -1, 0, MAX_MICROS, temporal.TIMESTAMP_POSITIVE_INFINITY]
+    assert sink.stage_writer(0, "ckpt").stage(changes(days, micros)) == 6
+    rows = client.query(
+        "SELECT toString(d), toUnixTimestamp64Micro(ts), arrayMap(x -> toString(x), days) FROM things FINAL ORDER BY id"
+    ).result_rows
+    assert rows == [
+        ("0000-01-01", MIN_MICROS, ["0000-01-01"]),
+        ("0000-01-01", MIN_MICROS, ["0000-01-01"]),
+        ("1969-12-31", -1, ["1969-12-31"]),
+        ("1970-01-01", 0, ["1970-01-01"]),
+        ("9999-12-31", MAX_MICROS, ["9999-12-31"]),
+        ("9999-12-31", MAX_MICROS, ["9999-12-31"]),
+    ]
+    with pytest.raises(ReportedFailure, match=r"sink 'ch': column 'ts' holds 10000-01-01 00:00:00.000000\+00"):
+        sink.stage_writer(1, "ckpt").stage(changes([0], [MAX_MICROS + 1]))
