@@ -181,10 +181,9 @@ def merge_all(
     """Each sink's driver-side merge and ledger row, in its own transaction."""
     outcome: dict[str, SinkOutcome] = {}
     for sink_id, sink in pending.items():
-        if isinstance(sink, ClickHouseTableSink):  # rows were inserted by the executors; record the batch
-            merged = sink.merge(keys[sink_id], staged[sink_id])
-        else:
-            merged = sink.merge(keys[sink_id])
+        # ClickHouse: the executors inserted the rows, the merge records the batch; Postgres: the merge checks that
+        # the stage holds what the tasks staged, then merges it.
+        merged = sink.merge(keys[sink_id], staged[sink_id])
         outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[sink_id], rows_merged=merged or 0)
     return outcome
 
