@@ -59,7 +59,10 @@ def _stage_all(writers: tuple[ExecutorWriter, ...], batches: list[pa.RecordBatch
     import pyarrow as pa
 
     table = pa.Table.from_batches(batches) if batches else None
-    return _counts_batch([writer.stage(table) if table is not None else 0 for writer in writers])
+    try:
+        return _counts_batch([writer.stage(table) if table is not None else 0 for writer in writers])
+    except ReportedFailure as failure:  # a failed write (a target away): as data too, see StageTask
+        return _counts_batch([], report=failure.report)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class StageTask:
             decoded = list(self.decode(batches))
         except ReportedFailure as failure:
             # on_decode_error: fail, or a schema change. Reported as data, not raised: a failed task makes Spark
-            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal.
+            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal, and
+            # those tasks may still write after the driver has moved on to the batch's next attempt.
             yield _counts_batch([], report=failure.report)
             return
         yield _stage_all(self.writers, decoded)
@@ -114,9 +118,13 @@ class RoutedStageTask:
             if not decoded:
                 continue
             changes = pa.Table.from_batches(decoded)
-            for index, writer in enumerate(self.writers):
-                if self.topics[index] == topic:
-                    counts[index] += writer.stage(changes)
+            try:
+                for index, writer in enumerate(self.writers):
+                    if self.topics[index] == topic:
+                        counts[index] += writer.stage(changes)
+            except ReportedFailure as failure:
+                yield _counts_batch([], report=failure.report)
+                return
         yield _counts_batch(counts)
 
 

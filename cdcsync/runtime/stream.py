@@ -198,9 +198,8 @@ class BatchHandler:
             land = functools.partial(
                 land_graph_batch, raw, batch_id, self.checkpoint_id, decode, self.graph, self.sinks, pipeline_file
             )
-        return with_retries(
-            land, describe=f"source '{self.source_id}' batch {batch_id}", budget=self.retry_budget, on_wait=self._waiting
-        )
+        describe = f"source '{self.source_id}' batch {batch_id}"
+        return with_retries(land, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
 
     @property
     def retry_budget(self) -> RetryBudget:

@@ -9,9 +9,10 @@ ledger and insert tokens).
 The checker compares every target with the state the stream leaves behind and reads the ledger:
 
 * **lost**: mirror or ClickHouse rows missing, left over or different, aggregation groups short of rows or
-  summing wrong, gaps in a sink's ledgered batch ids, ClickHouse rows the ledger counts but the table lacks;
+  summing wrong, gaps in a sink's ledgered batch ids;
 * **applied twice**: a batch id ledgered twice for a sink, aggregation groups counting rows twice, ClickHouse rows
-  beyond those the ledger says its batches wrote (background merges are stopped, so the raw count is exact).
+  beyond those the ledger says its batches wrote (background merges are stopped, so the raw count is exact; a
+  test that restarts ClickHouse stops them again at once, since a restarted server forgets it).
 
 Every fault test records a :class:`Figures` row (:func:`record`) and asserts both are 0.
 """
@@ -76,9 +77,7 @@ def figures_table() -> str:
     ]
     for row in FIGURES:
         recover = "-" if row.recover_s is None else f"{row.recover_s:.1f} s"
-        lines.append(
-            f"| {row.fault} | {row.injected} | {row.sent:,} | {row.lost} | {row.twice} | {recover} |"
-        )
+        lines.append(f"| {row.fault} | {row.injected} | {row.sent:,} | {row.lost} | {row.twice} | {recover} |")
     return "\n".join(lines)
 
 
@@ -97,8 +96,9 @@ class FaultWorkload:
         return self.load.changes
 
     def run(self, *extra: str, check: bool = True, timeout: float = BOUND_S) -> Any:
-        return self.project.cdcsync("run", str(self.project.pipeline_file), "--available-now", *extra, check=check,
-                                    timeout=timeout)
+        return self.project.cdcsync(
+            "run", str(self.project.pipeline_file), "--available-now", *extra, check=check, timeout=timeout
+        )
 
     def start(self, *extra: str) -> Any:
         return self.project.start("run", str(self.project.pipeline_file), "--available-now", *extra)
@@ -147,11 +147,12 @@ class FaultWorkload:
             twice, lost = twice + repeated, lost + gaps
             if repeated or gaps:
                 problems.append(f"ledger of {sink}: {repeated} batch id(s) twice, {gaps} missing")
+        # Rows the ledger says were written but the table lacks show in the FINAL comparison above; fewer raw rows
+        # can also mean merges ran (a restarted server forgets SYSTEM STOP MERGES), so only a surplus counts here.
         surplus = raw_rows(self.clickhouse) - ledger_rows_written(self.dsn, self.pipeline, "orders_ch")
-        if surplus:
-            problems.append(f"orders_ch: {surplus:+} raw row(s) against what the ledger says was written")
-        twice += max(surplus, 0)
-        lost += max(-surplus, 0)
+        if surplus > 0:
+            problems.append(f"orders_ch: {surplus} raw row(s) more than the ledger says its batches wrote")
+            twice += surplus
         return lost, twice, problems
 
     def assert_exact(self, fault: str, injected: int, recover_s: float | None) -> Figures:

@@ -418,7 +418,8 @@ def generate(
 
 
 def revenue_by_customer(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
-    """The demo's and the fault suite's aggregation over the live rows: (sum, count, max) of amount per customer, by SQL's rules: NULL amounts are ignored, all-NULL sums are NULL."""
+    """The demo's and the fault suite's aggregation over the live rows: (sum, count, max) of amount per customer,
+    by SQL's rules: NULL amounts are ignored, all-NULL sums are NULL."""
     groups: dict[int, list[Any]] = {}
     for row in rows.values():
         total, count, largest = groups.setdefault(row["customer_id"], [None, 0, None])
