@@ -302,3 +302,19 @@ def test_a_failed_write_is_reported_as_data_not_raised() -> None:
     with pytest.raises(SinkError) as caught:
         raise_reported([report], "staging batch 5", "p.yaml")
     assert caught.value.retriable and "staging batch 5: sink 'm': COPY" in str(caught.value)
+
+
+def test_the_live_view_shows_what_a_batch_is_retrying() -> None:
+    from rich.console import Console
+
+    from cdcsync.runtime.live import render_snapshot
+    from cdcsync.runtime.stream import RunSnapshot, SourceStats
+
+    stats = SourceStats(waiting="source 'orders' batch 4: sink 'mirror': connection refused")
+    snapshot = RunSnapshot(pipeline="shop", sources={"orders": stats}, sinks={}, sink_targets={}, elapsed=3.0)
+    console = Console(width=200, record=True)
+    console.print(render_snapshot(snapshot))
+    assert "orders: retrying source 'orders' batch 4: sink 'mirror': connection refused" in console.export_text()
+    stats.waiting = None
+    console.print(render_snapshot(snapshot))
+    assert console.export_text().count("retrying") == 0
