@@ -17,8 +17,8 @@ merge empties it: crash recovery resets unlogged tables. The count check in step
 error (the batch is staged again) instead of a merge of an empty or partial stage that the ledger would record as
 done. It compares in the merge's own transaction, so a crash after it aborts the merge as well.
 
-A task retried by Spark may COPY its partition twice; the duplicates are identical rows that the collapse folds
-away, so retries are harmless.
+A task retried by Spark (on a cluster; failed writes are reported as data, not raised) may COPY its partition
+twice: the stage then holds more rows than the tasks reported, and the count check stages the batch again.
 """
 
 from __future__ import annotations

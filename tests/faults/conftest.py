@@ -20,15 +20,17 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cdcsync.devstack.common import DevStackConfig
 from cdcsync.devstack.service import Service
-from tests.e2e.conftest import make_project
-from tests.faults.harness import FIGURES, figures_table
+from tests.conftest import ClickHouseDatabase
+from tests.e2e.conftest import Project, make_project
+from tests.faults.harness import FIGURES, FaultWorkload, figures_table, prepare_workload
 
 __all__ = ["make_project"]
 
@@ -116,6 +118,33 @@ def private_postgres_dsn(fault_stack: FaultStack) -> Iterator[str]:
         fault_stack.restart("postgres")  # a test that failed midway may have left it stopped
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture()
+def fault_workload(
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
+    kafka_bootstrap: str,
+    clickhouse_database: ClickHouseDatabase,
+    topic_name: str,
+) -> Callable[..., FaultWorkload]:
+    """Makes the seeded workload on the test's services (a module overrides ``postgres_dsn``, ``kafka_bootstrap``
+    or ``clickhouse_database`` to put the one it faults on the private stack)."""
+
+    def make(*, changes: int, seed: int, max_offsets: int, keys: int | None = None) -> FaultWorkload:
+        return prepare_workload(
+            make_project,
+            postgres_dsn,
+            kafka_bootstrap,
+            clickhouse_database,
+            topic_name,
+            changes=changes,
+            keys=keys or max(changes // 8, 500),
+            seed=seed,
+            max_offsets=max_offsets,
+        )
+
+    return make
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

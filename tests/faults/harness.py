@@ -113,6 +113,17 @@ class FaultWorkload:
             assert time.monotonic() < deadline, f"fewer than {at_least} batches ledgered after {BOUND_S}s"
             time.sleep(0.1)
 
+    def moving_again(self, back_at: float, process: Any) -> float:
+        """Seconds from ``back_at`` (the fault ended) until the running ``process`` ledgered its next batch."""
+        self.wait_batches(self.batches() + 1, process)
+        return time.monotonic() - back_at
+
+    def finish(self, process: Any) -> str:
+        """Wait for the run to drain the topic; it must exit 0. Returns its stderr."""
+        _stdout, stderr = process.communicate(timeout=BOUND_S)
+        assert process.returncode == 0, stderr[-4000:]
+        return str(stderr)
+
     def check(self) -> tuple[int, int, list[str]]:
         """(lost, applied twice, what was wrong) over every target and the ledger."""
         lost, twice, problems = 0, 0, []
@@ -192,13 +203,11 @@ def prepare_workload(
     keys: int,
     seed: int,
     max_offsets: int,
-    produce: bool = True,
 ) -> FaultWorkload:
-    """Generate the seeded stream (and produce it unless ``produce=False``), write the project and apply its
-    migrations; ClickHouse's background merges are stopped so its raw row count stays exact."""
+    """Generate and produce the seeded stream, write the project and apply its migrations; ClickHouse's background
+    merges are stopped so its raw row count stays exact."""
     load = workload.generate(changes, keys, seed=seed, wrapped=True)
-    if produce:
-        workload.produce(bootstrap, topic, load.events)
+    workload.produce(bootstrap, topic, load.events)
     pipeline = fault_pipeline(topic, clickhouse.database, max_offsets=max_offsets)
     project = with_clickhouse(make_project(pipeline), clickhouse)
     project.prepare()

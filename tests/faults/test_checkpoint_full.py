@@ -12,13 +12,10 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import ClickHouseDatabase
-from tests.e2e.conftest import Project
-from tests.faults.harness import BOUND_S, prepare_workload
+from tests.faults.harness import BOUND_S, FaultWorkload
 
 
 @pytest.fixture()
@@ -48,24 +45,9 @@ def fill(path: Path) -> None:
 
 
 def test_checkpoint_disk_full_stops_the_run_and_the_next_run_replays(
-    make_project: Callable[[dict[str, Any]], Project],
-    postgres_dsn: str,
-    kafka_bootstrap: str,
-    clickhouse_database: ClickHouseDatabase,
-    topic_name: str,
-    small_disk: Path,
+    fault_workload: Callable[..., FaultWorkload], small_disk: Path
 ) -> None:
-    faulted = prepare_workload(
-        make_project,
-        postgres_dsn,
-        kafka_bootstrap,
-        clickhouse_database,
-        topic_name,
-        changes=8_000,
-        keys=1_000,
-        seed=28,
-        max_offsets=800,
-    )
+    faulted = fault_workload(changes=6_000, seed=28, max_offsets=700)
     faulted.project.env["CDCSYNC__STATE_DIR"] = str(small_disk / "state")
     process = faulted.start()
     faulted.wait_batches(3, process)

@@ -9,13 +9,10 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from tests.conftest import ClickHouseDatabase
-from tests.e2e.conftest import Project
-from tests.faults.harness import prepare_workload
+from tests.faults.harness import FaultWorkload
 
 
 @pytest.mark.parametrize(
@@ -26,34 +23,15 @@ from tests.faults.harness import prepare_workload
     ],
 )
 def test_run_sigkilled_at_random_moments(
-    make_project: Callable[[dict[str, Any]], Project],
-    postgres_dsn: str,
-    kafka_bootstrap: str,
-    clickhouse_database: ClickHouseDatabase,
-    topic_name: str,
-    changes: int,
-    kills: int,
-    max_offsets: int,
+    fault_workload: Callable[..., FaultWorkload], changes: int, kills: int, max_offsets: int
 ) -> None:
-    faulted = prepare_workload(
-        make_project,
-        postgres_dsn,
-        kafka_bootstrap,
-        clickhouse_database,
-        topic_name,
-        changes=changes,
-        keys=max(changes // 10, 500),
-        seed=2026,
-        max_offsets=max_offsets,
-    )
+    faulted = fault_workload(changes=changes, keys=max(changes // 10, 500), seed=2026, max_offsets=max_offsets)
     rng = random.Random(2026)
     recoveries = []
     for _ in range(kills):
-        before = faulted.batches()
         process = faulted.start()
-        started = time.monotonic()
-        faulted.wait_batches(before + 1, process)  # every life lands something, so the kills cannot starve it
-        recoveries.append(time.monotonic() - started)
+        # every life lands something, so the kills cannot starve the run
+        recoveries.append(faulted.moving_again(time.monotonic(), process))
         time.sleep(rng.uniform(0.0, 2.0))  # then anywhere in the next batch
         assert process.poll() is None, "the run drained the topic before it could be killed: make it larger"
         os.killpg(process.pid, signal.SIGKILL)
