@@ -110,7 +110,7 @@ def summarise(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
         top.add_row(str(customer), *(str(v) for v in values[:3]), f"{values[3]:.2f}")
     console.print(top)
 
-    if revenue_from_source(expected) != {customer: values[:3] for customer, values in revenue.items()}:
+    if workload.revenue_by_customer(expected) != {customer: values[:3] for customer, values in revenue.items()}:
         console.print("[bold red]app.revenue_by_customer differs from the source's final state[/]")
         sys.exit(1)
     differing = [k for k in expected if mirror.get(k) != expected[k]]
@@ -122,19 +122,6 @@ def summarise(dsn: str, expected: dict[int, dict[str, Any]]) -> None:
         f"[bold green]verified:[/] app.orders equals the source's final state, row for row ({len(expected):,} rows), "
         f"and app.revenue_by_customer its sums, counts and maxima ({len(revenue):,} customers)"
     )
-
-
-def revenue_from_source(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
-    """(sum, count, max) of amount per customer, by SQL's rules: NULL amounts are ignored, all-NULL sums are NULL."""
-    groups: dict[int, list[Any]] = {}
-    for row in rows.values():
-        total, count, largest = groups.setdefault(row["customer_id"], [None, 0, None])
-        amount = row["amount"]
-        if amount is not None:
-            total = amount if total is None else total + amount
-            largest = amount if largest is None else max(largest, amount)
-        groups[row["customer_id"]] = [total, count + 1, largest]
-    return {customer: tuple(values) for customer, values in groups.items()}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ Connect worker you already run (it must reach the same Postgres and Kafka).
 
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
 ``faults`` tests (``tests/faults/``: the real CLI while something fails) are end-to-end tests too: they carry both
-``faults`` and ``e2e``, so ``make test`` and ``make e2e`` run them and ``make faults`` runs only them.
+``faults`` and ``e2e``, so ``make test`` and ``make e2e`` run them and ``make faults`` runs only them. Their long
+variants (1M changes, 100 kills, 60 s outages) also carry ``soak``: ``make test``, ``make e2e`` and ``make faults``
+leave them out, ``make soak`` runs only them.
 """
 
 from __future__ import annotations

@@ -92,6 +92,14 @@ class ClickHouseSettings(_Section):
     ``get_client(dsn=...)`` takes it. A secret (it may hold a password); defaults to the dev stack's server."""
 
 
+class RetrySettings(_Section):
+    """How long ``run`` waits out a dependency that is away (Postgres restarting, ClickHouse or the broker down)."""
+
+    budget_s: float = Field(default=120.0, gt=0)
+    """Retries with backoff (0.5 s doubling to 15 s) go on this long from the first failure of a batch; then
+    ``run`` exits 1 naming what failed. Nothing of the batch is committed, so the next run replays it."""
+
+
 class SparkSettings(_Section):
     master: str = "local[2]"
     conf: dict[str, str] = Field(default_factory=dict)
@@ -111,6 +119,7 @@ class Settings(BaseSettings):
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
     devstack: DevStackSettings = Field(default_factory=DevStackSettings)
     state_dir: Path = Path(".cdcsync")
     """Checkpoints and dev-stack data live here."""

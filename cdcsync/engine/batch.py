@@ -61,7 +61,10 @@ def _stage_all(writers: tuple[ExecutorWriter, ...], batches: list[pa.RecordBatch
     import pyarrow as pa
 
     table = pa.Table.from_batches(batches) if batches else None
-    return _counts_batch([writer.stage(table) if table is not None else 0 for writer in writers])
+    try:
+        return _counts_batch([writer.stage(table) if table is not None else 0 for writer in writers])
+    except ReportedFailure as failure:  # a failed write (a target away): as data too, see StageTask
+        return _counts_batch([], report=failure.report)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class StageTask:
             decoded = list(self.decode(batches))
         except ReportedFailure as failure:
             # on_decode_error: fail, or a schema change. Reported as data, not raised: a failed task makes Spark
-            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal.
+            # kill the other tasks' Python workers, whose tracebacks would end up on the user's terminal, and
+            # those tasks may still write after the driver has moved on to the batch's next attempt.
             yield _counts_batch([], report=failure.report)
             return
         yield _stage_all(self.writers, decoded)
@@ -116,9 +120,13 @@ class RoutedStageTask:
             if not decoded:
                 continue
             changes = pa.Table.from_batches(decoded)
-            for index, writer in enumerate(self.writers):
-                if self.topics[index] == topic:
-                    counts[index] += writer.stage(changes)
+            try:
+                for index, writer in enumerate(self.writers):
+                    if self.topics[index] == topic:
+                        counts[index] += writer.stage(changes)
+            except ReportedFailure as failure:
+                yield _counts_batch([], report=failure.report)
+                return
         yield _counts_batch(counts)
 
 
@@ -184,10 +192,9 @@ def merge_all(
     """Each sink's driver-side merge and ledger row, in its own transaction."""
     outcome: dict[str, SinkOutcome] = {}
     for sink_id, sink in pending.items():
-        if isinstance(sink, ClickHouseTableSink):  # rows were inserted by the executors; record the batch
-            merged = sink.merge(keys[sink_id], staged[sink_id])
-        else:
-            merged = sink.merge(keys[sink_id])
+        # ClickHouse: the executors inserted the rows, the merge records the batch; Postgres: the merge checks that
+        # the stage holds what the tasks staged, then merges it.
+        merged = sink.merge(keys[sink_id], staged[sink_id])
         outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[sink_id], rows_merged=merged or 0)
     return outcome
 

@@ -41,6 +41,11 @@ def render_snapshot(snapshot: RunSnapshot) -> Group:
             f"{sink_stats.rows_in:,}",
             f"{sink_stats.rows_out:,}",
         )
+    waiting = [
+        f"{source_id}: retrying {stats.waiting}" for source_id, stats in snapshot.sources.items() if stats.waiting
+    ]
+    if waiting:
+        return Group(sources, sinks, Text("\n".join(waiting), style="yellow"))
     return Group(sources, sinks)
 
 

@@ -41,7 +41,7 @@ from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.db.dead_letters import DeadLetterWriter
-from cdcsync.db.retry import with_retries
+from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
@@ -89,6 +89,8 @@ class SourceStats:
     """``topic/partition`` -> messages not yet processed, from the query's last progress."""
     first_batch_at: float | None = None
     last_batch_done_at: float | None = None
+    waiting: str | None = None
+    """What the batch in flight is retrying (a dependency that is away), while it does."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
 
 
@@ -206,7 +208,15 @@ class BatchHandler:
                 pipeline_file,
                 offsets,
             )
-        return with_retries(land, describe=f"source '{self.source_id}' batch {batch_id}")
+        describe = f"source '{self.source_id}' batch {batch_id}"
+        return with_retries(land, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
+
+    @property
+    def retry_budget(self) -> RetryBudget:
+        return retry_budget(self.settings)
+
+    def _waiting(self, what: str | None) -> None:
+        self.stats.waiting = what
 
     def _evolve(self, change: SchemaChangeError | NewTopicError, batch_id: int) -> None:
         """``schema_evolution: auto``: write the migration ``cdcsync init`` would write for the new columns, or
@@ -393,7 +403,11 @@ class PipelineRunner:
     def _check_lock(self) -> None:
         lock = self.lock
         assert lock is not None, "batches run only inside locked()"
-        with_retries(lock.ensure_held, describe=f"pipeline '{self.pipeline.name}': checking its lock")
+        with_retries(
+            lock.ensure_held,
+            describe=f"pipeline '{self.pipeline.name}': checking its lock",
+            budget=retry_budget(self.settings),
+        )
 
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
@@ -473,6 +487,11 @@ class PipelineRunner:
             if error is not None and "StopRequested" not in str(error):
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
+
+
+def retry_budget(settings: Settings | None) -> RetryBudget:
+    """The budget ``CDCSYNC__RETRY__BUDGET_S`` sets (the default without settings)."""
+    return RetryBudget() if settings is None else RetryBudget(seconds=settings.retry.budget_s)
 
 
 def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:

@@ -8,12 +8,17 @@ How a micro-batch lands (DESIGN.md, "Delivery guarantee"; orchestrated by :mod:`
    and COPY it as CSV into the sink's UNLOGGED staging table, tagged with the batch id. No per-row statements,
    nothing collected to the driver but a row count per partition.
 3. :meth:`PostgresUpsertSink.merge`: the driver runs one transaction: record the ledger row (``ON CONFLICT DO
-   NOTHING`` makes a concurrent or repeated merge a no-op), collapse the staged rows across partitions
-   (``DISTINCT ON`` by ``_cdc_version``), merge them so that only rows with an older ``_cdc_version`` are
-   overwritten or deleted, and empty the stage.
+   NOTHING`` makes a concurrent or repeated merge a no-op), check that the stage still holds every row the tasks
+   staged, collapse the staged rows across partitions (``DISTINCT ON`` by ``_cdc_version``), merge them so that
+   only rows with an older ``_cdc_version`` are overwritten or deleted, and empty the stage.
 
-A task retried by Spark may COPY its partition twice; the duplicates are identical rows that the collapse folds
-away, so retries are harmless.
+The staging table is UNLOGGED (no WAL for rows that live for one batch), so a Postgres crash between staging and
+merge empties it: crash recovery resets unlogged tables. The count check in step 3 turns that into a retriable
+error (the batch is staged again) instead of a merge of an empty or partial stage that the ledger would record as
+done. It compares in the merge's own transaction, so a crash after it aborts the merge as well.
+
+A task retried by Spark (on a cluster; failed writes are reported as data, not raised) may COPY its partition
+twice: the stage then holds more rows than the tasks reported, and the count check stages the batch again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from cdcsync.config import toast
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core import names
-from cdcsync.core.errors import SourceWentBack
+from cdcsync.core.errors import SinkError, SourceWentBack
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
@@ -270,6 +275,7 @@ class PostgresUpsertSink(LedgeredSink):
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
+        self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
         self._end_sql = _split_statements(
             render("postgres/runtime/stage_retain.sql.j2", **template_values)
@@ -330,9 +336,12 @@ class PostgresUpsertSink(LedgeredSink):
             lone_sql=self._lone_sql,
         )
 
-    def merge(self, ledger_key: dict[str, Any]) -> int | None:
+    def merge(self, ledger_key: dict[str, Any], rows_staged: int) -> int | None:
         """Merge the staged batch and record it (with its offset ranges) in the ledger, in one transaction; None if
-        another attempt merged it (the same ranges) first."""
+        another attempt merged it (the same ranges) first.
+
+        ``rows_staged``: what the tasks reported they COPYed. A stage holding another number (emptied by a crash
+        of Postgres, or written twice by a retried task) is not merged: the retriable error stages it again."""
         import psycopg
 
         batch_id = ledger_key["batch_id"]
@@ -340,6 +349,9 @@ class PostgresUpsertSink(LedgeredSink):
             with psycopg.connect(self.dsn) as conn, conn.transaction():
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
+                found = conn.execute(self._count_sql, {"batch_id": batch_id}).fetchone()
+                if found is None or found[0] != rows_staged:
+                    raise self._stage_lost(batch_id, rows_staged, found[0] if found else 0)
                 self._check_positions(conn, batch_id)
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
@@ -356,6 +368,14 @@ class PostgresUpsertSink(LedgeredSink):
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
         return merged
+
+    def _stage_lost(self, batch_id: int, staged: int, found: int) -> SinkError:
+        failure = SinkError(
+            f"merging batch {batch_id} into {self.target_name}: the staging table holds {found:,} of the "
+            f"{staged:,} row(s) the tasks staged (a Postgres crash empties UNLOGGED tables); staging it again",
+            retriable=True,
+        )
+        return failure.add_context(self.label)  # type: ignore[return-value]
 
     def _check_positions(self, conn: Any, batch_id: int) -> None:
         """Stop before merging a snapshot that lies below what this sink has merged: the source went back."""

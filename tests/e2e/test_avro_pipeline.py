@@ -104,38 +104,3 @@ def test_unknown_schema_ids_and_truncated_bodies_are_dead_letters_or_stop_the_ru
     assert any(where in result.stderr for where in named), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert ledger_batches(postgres_dsn, "avro_fail") == {}
-
-
-def test_a_registry_outage_stops_the_run_and_dead_letters_nothing(
-    make_project: Callable[[dict[str, Any]], Project],
-    postgres_dsn: str,
-    kafka_bootstrap: str,
-    schema_registry_url: str,
-    topic_name: str,
-) -> None:
-    """The registry is away for longer than the retry budget: the run stops (exit 1, naming the registry) with
-    nothing dead-lettered or merged; with the registry back, the next run lands every change."""
-    import socket
-
-    load = workload.generate(400, 100, seed=17)
-    events = workload.to_avro(load.events, *workload.register_avro_schemas(schema_registry_url, topic_name))
-    workload.produce(kafka_bootstrap, topic_name, events)
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        away = f"http://127.0.0.1:{probe.getsockname()[1]}/apis/ccompat/v7"
-
-    project = _avro_project(make_project, away, "avro_outage", topic_name, on_decode_error="dlq")
-    project.env["CDCSYNC__SCHEMA_REGISTRY__RETRY_TIMEOUT_S"] = "1"
-    project.prepare()
-    result = project.cdcsync("run", str(project.pipeline_file), "--available-now", check=False)
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "unreachable" in result.stderr and away in result.stderr, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    with psycopg.connect(postgres_dsn) as conn:
-        dead = conn.execute("SELECT count(*) FROM cdcsync.dead_letters WHERE pipeline = 'avro_outage'").fetchone()
-    assert dead == (0,)
-    assert ledger_batches(postgres_dsn, "avro_outage") == {}
-
-    project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = schema_registry_url  # the registry is back
-    project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    assert mirror_rows(postgres_dsn, "avro_outage", "orders", list(workload.ORDERS_COLUMNS)) == load.expected

@@ -211,8 +211,8 @@ def _land(sink: PostgresUpsertSink, batch_id: int, changes: list[dict[str, Any]]
     key = sink.ledger_key(batch_id, "checkpoint")
     if not sink.prepare(key):
         return
-    sink.stage_writer(batch_id).stage(_rows(changes))
-    sink.merge(key)
+    staged = sink.stage_writer(batch_id).stage(_rows(changes))
+    sink.merge(key, staged)
 
 
 def _sorted(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

@@ -99,9 +99,8 @@ def land(
     if not sink.prepare(key):
         return None
     writer = sink.stage_writer(batch_id)
-    for rows in partitions:
-        writer.stage(pa.Table.from_pylist(rows, schema=SCHEMA))
-    return sink.merge(key)
+    staged = sum(writer.stage(pa.Table.from_pylist(rows, schema=SCHEMA)) for rows in partitions)
+    return sink.merge(key, staged)
 
 
 def target(sink: PostgresUpsertSink) -> dict[int, dict[str, Any]]:
@@ -443,8 +442,8 @@ def typed_change(key: int, version: int, **values: Any) -> dict[str, Any]:
 def land_typed(sink: PostgresUpsertSink, batch_id: int, rows: list[dict[str, Any]]) -> None:
     key = sink.ledger_key(batch_id, "cp")
     assert sink.prepare(key)
-    sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=TYPED_SCHEMA))
-    sink.merge(key)
+    staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=TYPED_SCHEMA))
+    sink.merge(key, staged)
 
 
 def test_arrays_timetz_and_bits_round_trip_through_copy(postgres_dsn: str, tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from cdcsync.config.settings import load_settings, redact_dsn
 from cdcsync.core.errors import ConfigError, SinkError, UndecodableMessage, exit_code_for
-from cdcsync.core.reports import ReportedFailure, undecodable, write_failed
+from cdcsync.core.reports import Kind, ReportedFailure, undecodable, write_failed
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.db.retry import with_retries
+from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.replay import replay_batch_id
 from cdcsync.runtime.stream import _lag
@@ -105,6 +105,45 @@ def test_retries_give_up_after_the_last_attempt() -> None:
 
     with pytest.raises(SinkError):
         with_retries(down, describe="x", attempts=3, sleep=lambda _: None)
+
+
+def test_retries_wait_out_an_outage_within_the_budget_and_say_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    calls: list[int] = []
+    told: list[str | None] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    def away_for_20s() -> str:
+        calls.append(1)
+        if now[0] < 20:
+            raise SinkError("connection refused", retriable=True)
+        return "back"
+
+    budget = RetryBudget(seconds=60)
+    with caplog.at_level("WARNING", logger="cdcsync.db.retry"):
+        result = with_retries(
+            away_for_20s, describe="batch 3", budget=budget, on_wait=told.append, sleep=sleep, clock=lambda: now[0]
+        )
+    assert result == "back" and len(calls) == 7  # waits 0.5, 1, 2, 4, 8, 15
+    assert told == ["batch 3: connection refused", None]
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2, warnings  # when it started and when it ended, not per attempt
+    assert "retrying with backoff for up to 60s" in warnings[0] and "succeeded again after 7 attempts" in warnings[1]
+
+    now[0], told[:] = 0.0, []
+    with pytest.raises(SinkError) as caught:
+        with_retries(
+            lambda: away_for_20s(),
+            describe="batch 4",
+            budget=RetryBudget(seconds=10),
+            on_wait=told.append,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    assert "gave up after 5 attempt(s) over 8s (retry budget 10s" in str(caught.value), caught.value
+    assert told == ["batch 4: connection refused", None]
 
 
 def test_executor_errors_keep_their_classification() -> None:
@@ -393,3 +432,41 @@ def test_lone_tombstones_take_the_stored_version_or_are_dropped() -> None:
 def test_a_replay_of_the_same_dead_letters_has_the_same_ledger_batch_id() -> None:
     assert replay_batch_id([3, 1, 2]) == replay_batch_id([1, 2, 3]) != replay_batch_id([1, 2])
     assert 0 <= replay_batch_id([1, 2, 3]) < 2**63
+
+
+def test_a_failed_write_is_reported_as_data_not_raised() -> None:
+    """A task whose write fails returns the report instead of failing: Spark then never kills the batch's other
+    tasks halfway, and the driver raises the report (retriable) for the whole batch."""
+    import pyarrow as pa
+
+    from cdcsync.core.reports import Report
+    from cdcsync.engine.batch import StageRowsTask, raise_reported
+
+    class Away:
+        def stage(self, table: pa.Table) -> int:
+            raise ReportedFailure(write_failed("sink 'm': COPY into the staging table failed: refused", retriable=True))
+
+    rows = pa.RecordBatch.from_pydict({"id": [1, 2]})
+    (out,) = list(StageRowsTask(writers=(Away(),))(iter([rows])))
+    assert out.column("sink").to_pylist() == [-1]
+    (report,) = out.column("report").to_pylist()
+    assert Report.decode(report).kind is Kind.WRITE_FAILED
+    with pytest.raises(SinkError) as caught:
+        raise_reported([report], "staging batch 5", "p.yaml")
+    assert caught.value.retriable and "staging batch 5: sink 'm': COPY" in str(caught.value)
+
+
+def test_the_live_view_shows_what_a_batch_is_retrying() -> None:
+    from rich.console import Console
+
+    from cdcsync.runtime.live import render_snapshot
+    from cdcsync.runtime.stream import RunSnapshot, SourceStats
+
+    stats = SourceStats(waiting="source 'orders' batch 4: sink 'mirror': connection refused")
+    snapshot = RunSnapshot(pipeline="shop", sources={"orders": stats}, sinks={}, sink_targets={}, elapsed=3.0)
+    console = Console(width=200, record=True)
+    console.print(render_snapshot(snapshot))
+    assert "orders: retrying source 'orders' batch 4: sink 'mirror': connection refused" in console.export_text()
+    stats.waiting = None
+    console.print(render_snapshot(snapshot))
+    assert console.export_text().count("retrying") == 0

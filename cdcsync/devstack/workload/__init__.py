@@ -52,6 +52,7 @@ from cdcsync.devstack.workload.events import (
     decimal_bytes_b64,
     generate,
     malformed_events,
+    revenue_by_customer,
     stale_replays,
     zoned_timestamp,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "malformed_events",
     "produce",
     "register_avro_schemas",
+    "revenue_by_customer",
     "stale_replays",
     "to_avro",
     "to_kafka_batch",

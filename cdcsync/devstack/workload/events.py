@@ -417,6 +417,20 @@ def generate(
     )
 
 
+def revenue_by_customer(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    """The demo's and the fault suite's aggregation over the live rows: (sum, count, max) of amount per customer,
+    by SQL's rules: NULL amounts are ignored, all-NULL sums are NULL."""
+    groups: dict[int, list[Any]] = {}
+    for row in rows.values():
+        total, count, largest = groups.setdefault(row["customer_id"], [None, 0, None])
+        amount = row["amount"]
+        if amount is not None:
+            total = amount if total is None else total + amount
+            largest = amount if largest is None else max(largest, amount)
+        groups[row["customer_id"]] = [total, count + 1, largest]
+    return {customer: tuple(values) for customer, values in groups.items()}
+
+
 def malformed_events(*, wrapped: bool = False, first_id: int = 1_000_000_000, lsn: int = 1) -> list[ChangeEvent]:
     """Messages the decoder must dead-letter, keyed with ids from ``first_id`` (outside any :func:`generate`
     key range): bytes that are not UTF-8, text that is not JSON, a JSON array, a change without ``op`` and an
