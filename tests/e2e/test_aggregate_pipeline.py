@@ -208,6 +208,9 @@ def test_streamling_examples_with_updates_and_deletes(
     assert_exact(postgres_dsn, transfers, trades)
 
 
+# `make test` covers this sink through tests/faults/test_run_killed.py (mirror, aggregation and ClickHouse in one
+# workload, 5 kills); this single-sink variant runs in `make soak`.
+@pytest.mark.soak
 def test_sigkill_mid_stream_then_restart_stays_exact(
     make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, kafka_bootstrap: str, topics: tuple[str, str]
 ) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdcsync.devstack import workload
 from tests.conftest import ClickHouseDatabase
@@ -147,6 +148,9 @@ def test_clickhouse_and_postgres_mirror_end_equal_and_a_replayed_batch_adds_noth
     assert status.count(f"{len(load.expected):,}") == 2  # rows in the mirror and current rows in ClickHouse
 
 
+# `make test` covers this sink through tests/faults/test_run_killed.py (mirror, aggregation and ClickHouse in one
+# workload, 5 kills); this single-sink variant runs in `make soak`.
+@pytest.mark.soak
 def test_sigkill_mid_stream_then_restart_is_exact(
     make_project: Callable[[dict[str, Any]], Project],
     postgres_dsn: str,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdcsync.devstack import workload
 from tests.e2e.conftest import (
@@ -82,6 +83,9 @@ def test_changes_dead_letters_and_stale_replays(
     assert lags == ["0"] * 4
 
 
+# `make test` covers this sink through tests/faults/test_run_killed.py (mirror, aggregation and ClickHouse in one
+# workload, 5 kills); this single-sink variant runs in `make soak`.
+@pytest.mark.soak
 def test_sigkill_mid_stream_then_restart(
     make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, kafka_bootstrap: str, topic_name: str
 ) -> None:
