@@ -31,8 +31,8 @@ def land(sink: PostgresUpsertSink, batch_id: int, offsets: OffsetRanges, rows: l
     key = sink.ledger_key(batch_id, "cp", offsets)
     if not sink.prepare(key):
         return None
-    sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=SCHEMA))
-    return sink.merge(key)
+    staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=SCHEMA))
+    return sink.merge(key, staged)
 
 
 def ledger(dsn: str) -> list[tuple[str, int, Any]]:

@@ -148,8 +148,8 @@ def test_lone_tombstones_delete_what_the_target_holds_and_rank_just_above_it(sin
     def stage(batch_id: int, rows: list[dict[str, Any]]) -> None:
         key = sink.ledger_key(batch_id, "cp")
         assert sink.prepare(key)
-        sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=schema))
-        sink.merge(key)
+        staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=schema))
+        sink.merge(key, staged)
 
     def tombstone(key: int) -> dict[str, Any]:
         return change("d", key, None, None, None)
@@ -294,8 +294,8 @@ def test_a_primary_key_change_split_over_two_batches_in_hard_mode(postgres_dsn: 
         key = sink.ledger_key(batch_id, "cp")
         assert sink.prepare(key)
         table = [{**row, "_cdc_partition": 0, "_cdc_offset": offset} for row, offset in rows]
-        sink.stage_writer(batch_id).stage(pa.Table.from_pylist(table, schema=schema))
-        sink.merge(key)
+        staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist(table, schema=schema))
+        sink.merge(key, staged)
 
     stage(0, [(change("c", 1, 10, "w" * 4000), 0), (change("c", 2, 11, "v" * 3000), 1)])
     # 2 is deleted early in its range (an ordinary delete); 1 at the end of it, then moves to 5 in the next batch.
@@ -522,8 +522,8 @@ def test_hstore_lands_and_keeps_its_stored_value_for_the_placeholder(postgres_ds
         key = sink.ledger_key(batch_id, "cp")
         assert sink.prepare(key)
         row = {"id": 1, "h": value, "_cdc_op": "u", "_cdc_version": version, "_cdc_ts": T0}
-        sink.stage_writer(batch_id).stage(pa.Table.from_pylist([row], schema=schema))
-        sink.merge(key)
+        staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist([row], schema=schema))
+        sink.merge(key, staged)
 
     def stored() -> dict[str, str | None]:
         with psycopg.connect(postgres_dsn) as conn:
