@@ -41,10 +41,20 @@ def fit_temporal_columns(table: pa.Table, columns: tuple[str, ...], sink_label: 
     raises (not retriable) on any other value ClickHouse cannot hold."""
     for name in columns:
         column = table.column(name)
+        if not _holds_temporal(column.type):  # most columns: no copy, no scan
+            continue
         fitted = _fit(column.combine_chunks(), f"{sink_label}: column '{name}'")
         if fitted is not None:
             table = table.set_column(table.schema.get_field_index(name), name, fitted)
     return table
+
+
+def _holds_temporal(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    while pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        data_type = data_type.value_type
+    return pa.types.is_date32(data_type) or pa.types.is_timestamp(data_type)
 
 
 def _fit(array: pa.Array, where: str) -> pa.Array | None:
