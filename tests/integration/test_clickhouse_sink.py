@@ -70,6 +70,28 @@ def _changes(rows: list[tuple[str, int, str, int, str | None]]) -> Any:
     )
 
 
+def _things_sink(
+    clickhouse_database: ClickHouseDatabase,
+    migrations_dir: Path,
+    postgres_dsn: str,
+    columns: dict[str, str],
+    **source: Any,
+) -> ClickHouseTableSink:
+    """A migrated ClickHouse sink ``ch`` of a source ``things`` keyed by ``id`` with ``columns``."""
+    raw = {
+        "name": f"it_{uuid.uuid4().hex[:10]}",
+        "sources": {
+            "things": {"type": "kafka", "topic": "t.things", "primary_key": "id", "columns": columns, **source}
+        },
+        "sinks": {
+            "ch": {"type": "clickhouse", "from": "things", "database": clickhouse_database.database, "table": "things"}
+        },
+    }
+    pipeline = validate_pipeline_dict(raw)
+    _migrate(clickhouse_database.client(), pipeline, migrations_dir)
+    return ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+
+
 def _current(client: Any, database: str) -> list[tuple[Any, ...]]:
     return client.query(
         f"SELECT tenant, id, status, _version FROM `{database}`.orders FINAL WHERE NOT _is_deleted ORDER BY tenant, id"
@@ -335,30 +357,19 @@ def test_arrays_timetz_and_bits_land_in_clickhouse(
     import pyarrow as pa
 
     client = clickhouse_database.client()
-    raw = {
-        "name": f"it_{uuid.uuid4().hex[:10]}",
-        "sources": {
-            "things": {
-                "type": "kafka",
-                "topic": "t.things",
-                "primary_key": "id",
-                "columns": {
-                    "id": "bigint",
-                    "ints": "integer[]",
-                    "prices": "numeric(10,2)[]",
-                    "tz": "timetz",
-                    "b": "bit(3)",
-                },
-                "untoasted_columns": ["prices"],  # an array Debezium has no TOAST placeholder for
-            }
+    sink = _things_sink(
+        clickhouse_database,
+        tmp_path,
+        postgres_dsn,
+        {
+            "id": "bigint",
+            "ints": "integer[]",
+            "prices": "numeric(10,2)[]",
+            "tz": "timetz",
+            "b": "bit(3)",
         },
-        "sinks": {
-            "ch": {"type": "clickhouse", "from": "things", "database": clickhouse_database.database, "table": "things"}
-        },
-    }
-    pipeline = validate_pipeline_dict(raw)
-    _migrate(client, pipeline, tmp_path)
-    sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+        untoasted_columns=["prices"],
+    )  # prices: an array Debezium has no TOAST placeholder for
     changes = pa.table(
         {
             "id": pa.array([1, 2], pa.int64()),
@@ -511,23 +522,12 @@ def test_dates_and_timestamps_land_over_clickhouses_whole_range_with_the_infinit
     from cdcsync.sinks.clickhouse_values import MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS
 
     client = clickhouse_database.client()
-    raw = {
-        "name": f"it_{uuid.uuid4().hex[:10]}",
-        "sources": {
-            "things": {
-                "type": "kafka",
-                "topic": "t.things",
-                "primary_key": "id",
-                "columns": {"id": "bigint", "d": "date", "ts": "timestamptz", "days": "date[]"},
-            }
-        },
-        "sinks": {
-            "ch": {"type": "clickhouse", "from": "things", "database": clickhouse_database.database, "table": "things"}
-        },
-    }
-    pipeline = validate_pipeline_dict(raw)
-    _migrate(client, pipeline, tmp_path)
-    sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+    sink = _things_sink(
+        clickhouse_database,
+        tmp_path,
+        postgres_dsn,
+        {"id": "bigint", "d": "date", "ts": "timestamptz", "days": "date[]"},
+    )
 
     def changes(days: list[int], micros: list[int]) -> pa.Table:
         n = len(days)
