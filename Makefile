@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-lookup bench-peer install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ bench: jars
 
 bench-avro: jars
 	$(BIN)/python benchmarks/upsert.py --format avro
+
+# The blackhole sink's changes/s (the engine's own ceiling) next to the Postgres mirror's, over the same changes.
+bench-blackhole: jars
+	$(BIN)/python benchmarks/upsert.py --blackhole
 
 bench-aggregate: jars
 	$(BIN)/python benchmarks/aggregate.py

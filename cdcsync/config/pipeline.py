@@ -19,6 +19,7 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
 from cdcsync.config.routing import check_pattern
 from cdcsync.config.transforms import TransformModel
@@ -347,15 +348,16 @@ class RoutedClickHouseSink(ClickHouseSink):
 
 AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
-SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
+SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink | OperatorSink
 
 SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
 SINK_TYPES: dict[str, type[_Model]] = {
     "postgres": PostgresSink,
     "postgres_aggregate": PostgresAggregateSink,
     "clickhouse": ClickHouseSink,
+    **OPERATOR_SINK_TYPES,
 }
-PLANNED_SINK_TYPES = ("dynamic_table", "delta", "print")
+PLANNED_SINK_TYPES = ("dynamic_table", "delta")
 
 
 class Pipeline(_Model):
@@ -410,7 +412,7 @@ class Pipeline(_Model):
 
     def postgres_sinks(self) -> dict[str, AnySink]:
         """The sinks that land in Postgres (mirrors and aggregations)."""
-        return {sid: s for sid, s in self.sinks.items() if not isinstance(s, ClickHouseSink)}
+        return {sid: s for sid, s in self.sinks.items() if isinstance(s, PostgresSink | PostgresAggregateSink)}
 
     def clickhouse_sinks(self) -> dict[str, ClickHouseSink]:
         """The sinks that land in ClickHouse; only a pipeline with some needs a ClickHouse server at all."""

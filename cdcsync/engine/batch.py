@@ -24,7 +24,9 @@ from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink
+BatchSink = PostgresUpsertSink | ClickHouseTableSink | PrintTableSink | BlackholeTableSink | WebhookTableSink
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
 
 
@@ -181,9 +183,9 @@ def stage(
 
 
 def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
-    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
-        return sink.stage_writer(batch_id, checkpoint_id)
-    return sink.stage_writer(batch_id)
+    if isinstance(sink, PostgresUpsertSink):
+        return sink.stage_writer(batch_id)
+    return sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name the checkpoint
 
 
 def merge_all(

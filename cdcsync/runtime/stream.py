@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
@@ -47,7 +48,9 @@ from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
@@ -347,9 +350,7 @@ class PipelineRunner:
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
             sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for handler in self.handlers.values()
-                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
+                sid: sink.target_name for handler in self.handlers.values() for sid, sink in handler.sinks.items()
             },
             elapsed=time.monotonic() - self._started,
         )
@@ -497,13 +498,18 @@ def retry_budget(settings: Settings | None) -> RetryBudget:
 def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:
     """Driver side of every sink fed by ``source_id``."""
     sinks: dict[str, BatchSink] = {}
+    dsn = settings.postgres_dsn
     for sink_id, sink in pipeline.sinks_of(source_id).items():
         if isinstance(sink, ClickHouseSink):
-            sinks[sink_id] = ClickHouseTableSink(
-                pipeline, sink_id, sink, settings.postgres_dsn, settings.clickhouse_url
-            )
+            sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
+        elif isinstance(sink, PrintSink):
+            sinks[sink_id] = PrintTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, BlackholeSink):
+            sinks[sink_id] = BlackholeTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, WebhookSink):
+            sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         else:
-            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
+            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
     return sinks
 
 
