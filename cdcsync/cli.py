@@ -330,6 +330,33 @@ def status(pipeline_file: PipelineArg) -> None:
     out.print(f"running: {running}", highlight=False)
 
 
+# ------------------------------------------------------------------------------------------------ plugins
+
+
+@app.command()
+@handles_errors
+def plugins() -> None:
+    """List the installed plugin operators (entry-point group `cdcsync.plugins`) and how a pipeline names them.
+
+    A pipeline names one as `type: <namespace>.<operator>` with its `options:` (docs/plugins.md). Plugins that
+    cannot be loaded are listed with the reason.
+    """
+    from cdcsync.config.plugins import installed
+
+    registry = installed()
+    table = Table("type", "kind", "package", "what it does")
+    for op_id, found in sorted(registry.operators.items()):
+        table.add_row(
+            Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary)
+        )
+    if registry.operators:
+        out.print(table)
+    else:
+        out.print("no plugins installed (entry-point group cdcsync.plugins)", highlight=False)
+    for problem in registry.problems:
+        err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+
+
 # ------------------------------------------------------------------------------------------------ rewind
 
 

@@ -27,6 +27,7 @@ from cdcsync.config.pipeline import (
     SinkModel,
 )
 from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.plugins import PluginSink, is_plugin_type, validate_plugin_entry
 from cdcsync.config.transforms import DynamicTable
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 
@@ -36,7 +37,7 @@ def yaml_path(*parts: Any) -> str:
     return ".".join(str(p) for p in parts if p != "")
 
 
-def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
+def pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
     """Turn pydantic's errors into ``yaml.path: message`` lines with friendlier wording."""
     problems = []
     allowed = sorted(f.alias or name for name, f in model.model_fields.items() if name != "path")
@@ -70,6 +71,8 @@ def validate_entry(
     kind = raw.get("type")
     if kind is None:
         return None, [f"{where}.type: required key is missing; one of {', '.join(registry)}"]
+    if is_plugin_type(kind) and section in ("sources", "transforms", "sinks"):
+        return validate_plugin_entry(section, entry_id, raw, [*registry, *planned])  # type: ignore[arg-type]
     if kind not in registry:
         if kind in planned:
             return None, [f"{where}.type: '{kind}' is not available in this version of cdcsync yet"]
@@ -79,7 +82,7 @@ def validate_entry(
     try:
         return model.model_validate(raw), []
     except ValidationError as error:
-        return None, _pydantic_problems(where, error, model)
+        return None, pydantic_problems(where, error, model)
 
 
 def check_identifier(path: str, name: str, problems: list[str]) -> None:
@@ -170,12 +173,12 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
             check_identifier(f"{where}.{'group_by' if name in sink.group_by else 'aggregate'}.{name}", name, problems)
         if sink.landing_table == sink.agg_table:
             problems.append(f"{where}.agg_table: must differ from landing_table ('{sink.landing_table}')")
-    elif not isinstance(sink, OperatorSink):
+    elif not isinstance(sink, OperatorSink | PluginSink):
         check_identifier(f"{where}.schema", sink.schema_, problems)
         check_identifier(f"{where}.table", sink.table, problems)
     if not _input_known(where, sink.from_, inputs, problems):
         return
-    if isinstance(sink, OperatorSink):
+    if isinstance(sink, OperatorSink | PluginSink):
         for column in sink.primary_key or []:
             if column not in inputs.columns[sink.from_]:
                 problems.append(f"{where}.primary_key: column '{column}' is not in {inputs.describe(sink.from_)}")
@@ -303,7 +306,7 @@ def check_sinks(
             seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
-        if isinstance(sink, OperatorSink):
+        if isinstance(sink, OperatorSink | PluginSink):
             continue  # owns no table
         kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
         for key, table in _target_tables(sink):

@@ -7,6 +7,7 @@ problem as ``path.to.key: what is wrong``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from cdcsync.config.pipeline import (
     TopicSchemas,
 )
 from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.plugins import PluginTransform
+from cdcsync.config.plugins import plan_transforms as plan_plugin_transforms
 from cdcsync.config.routing import placeholders, render_name, table_sink_id, table_source_id
 from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType, parse_pg_type
@@ -48,11 +51,16 @@ _PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def _plan(
-    sources: dict[str, KafkaSource], transforms: dict[str, TransformModel], declared: set[str], problems: list[str]
+    sources: dict[str, KafkaSource],
+    all_transforms: dict[str, TransformModel | PluginTransform],
+    declared: set[str],
+    problems: list[str],
 ) -> tuple[PipelinePlan, Inputs]:
     """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
-    invalid = declared - set(sources) - set(transforms)
+    invalid = declared - set(sources) - set(all_transforms)
+    plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, PluginTransform)}
+    transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, PluginTransform)}
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     for source_id, source in typed.items():
         check_toasted_columns(source_id, source, problems)
@@ -61,8 +69,10 @@ def _plan(
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)), placeholders)
+        unavailable = invalid | set(plugins) | (set(sources) - set(typed))
+        plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
+        _refuse_plugin_inputs(transforms, plugins, plan, problems)
     planned = {step.id for step in plan.steps}
     invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}
     columns: dict[str, dict[str, PgType]] = {
@@ -74,7 +84,31 @@ def _plan(
         columns[step.id] = dict(step.columns)
         primary_keys[step.id] = list(step.primary_key)
     dynamic_tables = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
+    if plugins:
+        steps = plan_plugin_transforms(plugins, columns, primary_keys, invalid, problems)
+        source_of_node = {**plan.source_of_node}
+        for plugin_step in steps.values():  # in planning order: a step's input is planned before it
+            source_of_node[plugin_step.id] = source_of_node.get(plugin_step.input, plugin_step.input)
+        plan = dataclasses.replace(plan, plugin_steps=steps, source_of_node=source_of_node)
+        planned |= set(steps)
     return plan, Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
+
+
+def _refuse_plugin_inputs(
+    transforms: dict[str, TransformModel], plugins: dict[str, PluginTransform], plan: PipelinePlan, problems: list[str]
+) -> None:
+    """SQL transforms and dynamic tables run as Spark SQL before the sinks, plugin transforms inside the sinks'
+    executor pass: SQL cannot read a plugin transform's output."""
+    planned = {step.id for step in plan.steps} | set(plan.dynamic_tables)
+    for tid, transform in transforms.items():
+        if tid in planned or transform.sql is None:
+            continue
+        read = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", transform.sql)
+        for plugin_id in sorted(set(read) & set(plugins)):
+            problems.append(
+                f"transforms.{tid}.sql: reads plugin transform '{plugin_id}'; SQL transforms and dynamic tables read "
+                "sources and SQL transforms only (a plugin transform may read a SQL transform instead)"
+            )
 
 
 def _route_tables(
@@ -236,7 +270,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
             if model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
-    transforms: dict[str, TransformModel] = {}
+    transforms: dict[str, TransformModel | PluginTransform] = {}
     raw_transforms = raw.get("transforms") or {}
     if not isinstance(raw_transforms, dict):
         problems.append("transforms: expected a mapping of id -> definition")

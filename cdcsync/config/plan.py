@@ -89,6 +89,20 @@ class TransformStep:
 
 
 @dataclass(frozen=True)
+class PluginStep:
+    """A plugin transform (``type: namespace.operator``), run on the executors by the sinks that read it
+    (:mod:`cdcsync.transforms.plugins`): it reads a source, a SQL transform or another plugin transform."""
+
+    id: str
+    input: str
+    type: str
+    options: tuple[tuple[str, object], ...]
+    """As given in YAML; the operator's ``Options`` model validates them again where it is built."""
+    primary_key: tuple[str, ...]
+    columns: tuple[tuple[str, PgType], ...]
+
+
+@dataclass(frozen=True)
 class PipelinePlan:
     steps: tuple[TransformStep, ...] = ()
     """Topological order: a step comes after the step it reads, and after the input of every side output that
@@ -96,3 +110,20 @@ class PipelinePlan:
     dynamic_tables: dict[str, DynamicTableSpec] = field(default_factory=dict)
     source_of_node: dict[str, str] = field(default_factory=dict)
     """Node id (source or transform) -> the source whose micro-batches feed it."""
+    plugin_steps: dict[str, PluginStep] = field(default_factory=dict)
+    """Plugin transforms, by id."""
+
+    def plugin_chain(self, node_id: str) -> tuple[PluginStep, ...]:
+        """The plugin transforms between ``node_id`` and the nearest source or SQL transform, in the order they
+        run; empty when ``node_id`` is not a plugin transform."""
+        chain: list[PluginStep] = []
+        while node_id in self.plugin_steps:
+            chain.append(self.plugin_steps[node_id])
+            node_id = self.plugin_steps[node_id].input
+        return tuple(reversed(chain))
+
+    def view_of(self, node_id: str) -> str:
+        """The source or SQL transform whose rows the plugin transforms of ``node_id`` start from (itself when it
+        is not a plugin transform)."""
+        chain = self.plugin_chain(node_id)
+        return chain[0].input if chain else node_id

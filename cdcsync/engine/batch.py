@@ -25,9 +25,11 @@ from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
+from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,7 +40,9 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink | PrintTableSink | BlackholeTableSink | WebhookTableSink
+BatchSink = (
+    PostgresUpsertSink | ClickHouseTableSink | PrintTableSink | BlackholeTableSink | WebhookTableSink | PluginTableSink
+)
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
 
 
@@ -183,9 +187,13 @@ def stage(
 
 
 def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+    """The executor side of ``sink`` for this batch, running the plugin transforms it reads first, if any."""
+    writer: ExecutorWriter
     if isinstance(sink, PostgresUpsertSink):
-        return sink.stage_writer(batch_id)
-    return sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name the checkpoint
+        writer = sink.stage_writer(batch_id)
+    else:
+        writer = sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name it
+    return with_chain(writer, sink.pipeline.plan.plugin_chain(sink.sink.from_))
 
 
 def merge_all(

@@ -13,6 +13,7 @@ from typing import Any
 
 from cdcsync.config.operators import OperatorSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
 from cdcsync.db.http import shown_url
@@ -100,7 +101,7 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
                 if isinstance(sink, ClickHouseSink):
                     sinks.append(_clickhouse_status(conn, pipeline, settings, sink_id, sink))
                     continue
-                if isinstance(sink, OperatorSink):
+                if isinstance(sink, OperatorSink | PluginSink):
                     sinks.append(_operator_status(conn, pipeline.name, sink_id, sink))
                     continue
                 last = conn.execute(
@@ -152,7 +153,7 @@ def _clickhouse_status(
     )
 
 
-def _operator_status(conn: Any, pipeline: str, sink_id: str, sink: OperatorSink) -> SinkStatus:
+def _operator_status(conn: Any, pipeline: str, sink_id: str, sink: OperatorSink | PluginSink) -> SinkStatus:
     """A sink without a table: its rows are the changes it handed on, as the ledger counted them."""
     values = {"pipeline": pipeline, "sink": sink_id}
     last = conn.execute(render("postgres/runtime/ledger_last_batch.sql.j2"), values).fetchone()

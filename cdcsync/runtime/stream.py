@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
@@ -49,6 +50,7 @@ from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_i
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
@@ -508,6 +510,8 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
             sinks[sink_id] = BlackholeTableSink(pipeline, sink_id, sink, dsn)
         elif isinstance(sink, WebhookSink):
             sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
+        elif isinstance(sink, PluginSink):
+            sinks[sink_id] = PluginTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         else:
             sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
     return sinks
@@ -515,7 +519,9 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
-    sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
+    # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
+    # sink's own executor pass (cdcsync.transforms.plugins).
+    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in pipeline.sinks_of(source_id).items()}
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
 
 

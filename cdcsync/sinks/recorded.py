@@ -9,11 +9,18 @@ not yet recorded (a crash between the two) is written again when it is replayed.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from cdcsync.db.ledger import LedgeredSink
 
 
 class RecordedSink(LedgeredSink):
+    def key_prefix(self, checkpoint_id: str, batch_id: int) -> str:
+        """``<pipeline>/<sink>/<checkpoint id>/<batch id>`` (each quoted): the start of the idempotency keys of a
+        batch's writes; a task adds the Kafka range it read (the same on a replay) and the part."""
+        parts = (self.pipeline.name, self.sink_id, checkpoint_id, str(batch_id))
+        return "/".join(quote(part, safe="") for part in parts)
+
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the ledger already holds this batch with the same offset ranges (it landed before)."""
         import psycopg

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from cdcsync.config.operators import IDEMPOTENCY_HEADER
 from cdcsync.core.errors import CdcsyncError, TargetRefused
@@ -101,13 +100,12 @@ class WebhookTableSink(RecordedSink):
         return shown_url(self.sink.url)
 
     def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> WebhookWriter:
-        prefix = "/".join(quote(str(part), safe="") for part in (self.pipeline.name, self.sink_id, checkpoint_id))
         return WebhookWriter(
             url=self.sink.url,
             headers=tuple(self.sink.headers.items()),
             timeout_s=self.sink.timeout_s,
             batch_size=self.sink.batch_size,
-            key_prefix=f"{prefix}/{batch_id}",
+            key_prefix=self.key_prefix(checkpoint_id, batch_id),
             pipeline=self.pipeline.name,
             sink_id=self.sink_id,
             batch_id=batch_id,
