@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "basic_plugin"
 
