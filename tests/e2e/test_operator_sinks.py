@@ -77,9 +77,9 @@ def test_webhook_at_least_once_through_failures_and_a_kill_and_keys_count_it_onc
     topic_name: str,
     receiver: FlakyReceiver,
 ) -> None:
-    load = workload.generate(6_000, 800, seed=31, wrapped=False, tombstones=False)
+    load = workload.generate(3_000, 600, seed=31, wrapped=False, tombstones=False)
     workload.produce(kafka_bootstrap, topic_name, load.events)
-    pipeline = orders_pipeline(topic_name, max_offsets_per_trigger=600)
+    pipeline = orders_pipeline(topic_name, max_offsets_per_trigger=500)
     pipeline["sinks"] = {
         "hook": {
             "type": "webhook",
@@ -96,7 +96,7 @@ def test_webhook_at_least_once_through_failures_and_a_kill_and_keys_count_it_onc
     project.prepare()
 
     killed_at = sigkill_mid_stream(project, postgres_dsn, "e2e", after_batches=6)
-    assert len(killed_at.get("hook", [])) < 10, "the kill came after the stream was drained"
+    assert len(killed_at.get("hook", [])) < 6, "the kill came after the stream was drained"
     sent_before_restart = len(receiver.requests)
     result = project.cdcsync("run", str(project.pipeline_file), "--available-now")
 
