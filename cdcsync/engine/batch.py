@@ -24,7 +24,7 @@ from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
-from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
+from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -40,9 +40,7 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = (
-    PostgresUpsertSink | ClickHouseTableSink | PrintTableSink | BlackholeTableSink | WebhookTableSink | PluginTableSink
-)
+BatchSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
 
 

@@ -49,7 +49,7 @@ from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
-from cdcsync.sinks.console import BlackholeTableSink, PrintTableSink
+from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -504,10 +504,8 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
     for sink_id, sink in pipeline.sinks_of(source_id).items():
         if isinstance(sink, ClickHouseSink):
             sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
-        elif isinstance(sink, PrintSink):
-            sinks[sink_id] = PrintTableSink(pipeline, sink_id, sink, dsn)
-        elif isinstance(sink, BlackholeSink):
-            sinks[sink_id] = BlackholeTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, PrintSink | BlackholeSink):
+            sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
         elif isinstance(sink, WebhookSink):
             sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         elif isinstance(sink, PluginSink):

@@ -52,31 +52,18 @@ class BlackholeWriter:
         return table.num_rows
 
 
-class PrintTableSink(RecordedSink):
-    """Driver side of one ``type: print`` sink."""
+class ConsoleTableSink(RecordedSink):
+    """Driver side of one ``type: print`` or ``type: blackhole`` sink."""
 
-    def __init__(self, pipeline: Pipeline, sink_id: str, sink: PrintSink, dsn: str) -> None:
+    def __init__(self, pipeline: Pipeline, sink_id: str, sink: PrintSink | BlackholeSink, dsn: str) -> None:
         super().__init__(pipeline, sink_id, dsn)
         self.sink = sink
 
     @property
     def target_name(self) -> str:
-        return "stdout"
+        return "stdout" if self.sink.type == "print" else "blackhole"
 
-    def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> PrintWriter:
-        return PrintWriter(self.sink.sample_every)
-
-
-class BlackholeTableSink(RecordedSink):
-    """Driver side of one ``type: blackhole`` sink."""
-
-    def __init__(self, pipeline: Pipeline, sink_id: str, sink: BlackholeSink, dsn: str) -> None:
-        super().__init__(pipeline, sink_id, dsn)
-        self.sink = sink
-
-    @property
-    def target_name(self) -> str:
-        return "blackhole"
-
-    def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> BlackholeWriter:
+    def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> PrintWriter | BlackholeWriter:
+        if self.sink.type == "print":
+            return PrintWriter(self.sink.sample_every)
         return BlackholeWriter()
