@@ -173,3 +173,19 @@ def test_a_transform_runs_and_its_output_is_checked(installed: None) -> None:
     declares_more = dataclasses.replace(step, columns=(*step.columns, ("bonus", parse_pg_type("text"))))
     with pytest.raises(ReportedFailure, match="returned a batch without column 'bonus' it declares"):
         run_step(declares_more, _changes())
+
+
+def test_a_broken_plugin_is_reported_not_fatal(
+    installed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "broken-site" / "broken_plugin-1.0.dist-info"
+    broken.mkdir(parents=True)
+    (broken / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (broken / "entry_points.txt").write_text("[cdcsync.plugins]\nbroken = no_such_module_here:plugin\n")
+    monkeypatch.syspath_prepend(str(broken.parent))
+    plugins.installed.cache_clear()
+    registry = plugins.installed()
+    assert "basic_plugin.print_sink" in registry.operators  # the others still load
+    assert any("plugin 'broken'" in p and "cannot be loaded" in p for p in registry.problems)
+    found = problems(doc(type="broken.sink"))
+    assert any("no_such_module_here" in problem for problem in found), found
