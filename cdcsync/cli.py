@@ -131,7 +131,8 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     tables = sum(len(route) for route in pipeline.routes.values())
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
-        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.streams())} source(s), "
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', "
+        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources)} source(s), "
         f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )

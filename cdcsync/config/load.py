@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ from cdcsync.config.pipeline import (
     TopicSchemas,
 )
 from cdcsync.config.plan import PipelinePlan
-from cdcsync.config.plugins import PluginTransform
+from cdcsync.config.plugins import PluginSource, PluginTransform
+from cdcsync.config.plugins import plan_sources as plan_plugin_sources
 from cdcsync.config.plugins import plan_transforms as plan_plugin_transforms
 from cdcsync.config.routing import placeholders, render_name, table_sink_id, table_source_id
 from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
@@ -55,10 +57,11 @@ def _plan(
     all_transforms: dict[str, TransformModel | PluginTransform],
     declared: set[str],
     problems: list[str],
+    plugin_sources: dict[str, PluginSource],
 ) -> tuple[PipelinePlan, Inputs]:
     """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
-    invalid = declared - set(sources) - set(all_transforms)
+    invalid = declared - set(sources) - set(all_transforms) - set(plugin_sources)
     plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, PluginTransform)}
     transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, PluginTransform)}
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
@@ -69,10 +72,10 @@ def _plan(
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        unavailable = invalid | set(plugins) | (set(sources) - set(typed))
+        unavailable = invalid | set(plugins) | set(plugin_sources) | (set(sources) - set(typed))
         plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
-        _refuse_plugin_inputs(transforms, plugins, plan, problems)
+        _refuse_plugin_inputs(transforms, {**plugins, **plugin_sources}, plan, problems)
     planned = {step.id for step in plan.steps}
     invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}
     columns: dict[str, dict[str, PgType]] = {
@@ -84,6 +87,10 @@ def _plan(
         columns[step.id] = dict(step.columns)
         primary_keys[step.id] = list(step.primary_key)
     dynamic_tables = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
+    if plugin_sources:
+        source_steps = plan_plugin_sources(plugin_sources, columns, primary_keys, invalid, problems)
+        source_of_node = {**plan.source_of_node, **{source_id: source_id for source_id in source_steps}}
+        plan = dataclasses.replace(plan, plugin_sources=source_steps, source_of_node=source_of_node)
     if plugins:
         steps = plan_plugin_transforms(plugins, columns, primary_keys, invalid, problems)
         source_of_node = {**plan.source_of_node}
@@ -95,10 +102,10 @@ def _plan(
 
 
 def _refuse_plugin_inputs(
-    transforms: dict[str, TransformModel], plugins: dict[str, PluginTransform], plan: PipelinePlan, problems: list[str]
+    transforms: dict[str, TransformModel], plugins: Mapping[str, object], plan: PipelinePlan, problems: list[str]
 ) -> None:
-    """SQL transforms and dynamic tables run as Spark SQL before the sinks, plugin transforms inside the sinks'
-    executor pass: SQL cannot read a plugin transform's output."""
+    """SQL transforms and dynamic tables run as Spark SQL over a decoded Kafka batch before the sinks, plugin
+    transforms inside the sinks' executor pass: SQL cannot read a plugin transform or a plugin source."""
     planned = {step.id for step in plan.steps} | set(plan.dynamic_tables)
     for tid, transform in transforms.items():
         if tid in planned or transform.sql is None:
@@ -106,8 +113,8 @@ def _refuse_plugin_inputs(
         read = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", transform.sql)
         for plugin_id in sorted(set(read) & set(plugins)):
             problems.append(
-                f"transforms.{tid}.sql: reads plugin transform '{plugin_id}'; SQL transforms and dynamic tables read "
-                "sources and SQL transforms only (a plugin transform may read a SQL transform instead)"
+                f"transforms.{tid}.sql: reads plugin operator '{plugin_id}'; SQL transforms and dynamic tables read "
+                "Kafka sources and SQL transforms only (a plugin transform may read a SQL transform instead)"
             )
 
 
@@ -252,6 +259,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
 
     sources: dict[str, KafkaSource] = {}
+    plugin_sources: dict[str, PluginSource] = {}
     sinks: dict[str, SinkModel] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
@@ -267,7 +275,9 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         for entry_id, entry in entries.items():
             model, entry_problems = validate_entry(section, str(entry_id), entry, registry, planned)
             problems.extend(entry_problems)
-            if model is not None:
+            if isinstance(model, PluginSource):
+                plugin_sources[str(entry_id)] = model
+            elif model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
     transforms: dict[str, TransformModel | PluginTransform] = {}
@@ -309,7 +319,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     for transform_id, transform in transforms.items():
         if isinstance(transform, DynamicTable):
             check_dynamic_table(transform_id, transform, problems)
-    plan, inputs = _plan(sources, transforms, declared, problems)
+    plan, inputs = _plan(sources, transforms, declared, problems, plugin_sources)
     check_sinks(str(name), sinks, plan, inputs, problems)
 
     if problems:

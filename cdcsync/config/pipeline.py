@@ -404,11 +404,11 @@ class Pipeline(_Model):
 
     def columns_of(self, node_id: str) -> dict[str, PgType]:
         """Business columns of a source or SQL transform, in order (the ``_cdc_*`` columns are implied)."""
-        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return dict(step.columns) if step is not None else self.sources[node_id].column_types()
 
     def primary_key_of(self, node_id: str) -> list[str] | None:
-        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return list(step.primary_key) if step is not None else self.sources[node_id].primary_key
 
     def postgres_sinks(self) -> dict[str, AnySink]:

@@ -103,6 +103,18 @@ class PluginStep:
 
 
 @dataclass(frozen=True)
+class PluginSourceStep:
+    """A plugin source (``type: namespace.operator``): one streaming query of its own, whose micro-batches the
+    runtime gives the ``_cdc_*`` columns (:mod:`cdcsync.runtime.plugin_sources`)."""
+
+    id: str
+    type: str
+    options: tuple[tuple[str, object], ...]
+    primary_key: tuple[str, ...]
+    columns: tuple[tuple[str, PgType], ...]
+
+
+@dataclass(frozen=True)
 class PipelinePlan:
     steps: tuple[TransformStep, ...] = ()
     """Topological order: a step comes after the step it reads, and after the input of every side output that
@@ -112,6 +124,8 @@ class PipelinePlan:
     """Node id (source or transform) -> the source whose micro-batches feed it."""
     plugin_steps: dict[str, PluginStep] = field(default_factory=dict)
     """Plugin transforms, by id."""
+    plugin_sources: dict[str, PluginSourceStep] = field(default_factory=dict)
+    """Plugin sources, by id (not in ``Pipeline.sources``, which are Kafka topics)."""
 
     def plugin_chain(self, node_id: str) -> tuple[PluginStep, ...]:
         """The plugin transforms between ``node_id`` and the nearest source or SQL transform, in the order they

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from cdcsync.config.base import StrictModel, as_key_list, did_you_mean
-from cdcsync.config.plan import PluginStep
+from cdcsync.config.plan import PluginSourceStep, PluginStep
 from cdcsync.config.types import PgType
 from cdcsync.core.plugins import ENTRY_POINT_GROUP, Operator, Plugin, SinkPlugin, SourcePlugin, TransformPlugin
 
@@ -134,6 +134,17 @@ def check_options(where: str, operator: type[Operator], options: Mapping[str, An
         return None, pydantic_problems(f"{where}.options", error, model)
 
 
+class PluginSource(StrictModel):
+    """``type: namespace.operator``: a plugin source, a streaming DataFrame of rows (docs/plugins.md)."""
+
+    type: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    primary_key: list[str] | None = None
+    """Defaults to the operator's ``primary_key()``."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
+
+
 class PluginTransform(StrictModel):
     """``type: namespace.operator``: a plugin transform of one stream (a source or a transform)."""
 
@@ -167,14 +178,12 @@ def validate_plugin_entry(
 
     where = f"{kind}.{entry_id}"
     operator, problems = find(kind, where, str(raw["type"]), builtin)
-    if kind == "sources":
-        if operator is not None:
-            problems.append(
-                f"{where}.type: plugin sources are listed by `cdcsync plugins` but not run by this version of "
-                "cdcsync yet; read a Kafka topic (type: kafka)"
-            )
-        return None, problems
-    model: type[PluginTransform | PluginSink] = PluginTransform if kind == "transforms" else PluginSink
+    models: dict[str, type[PluginSource | PluginTransform | PluginSink]] = {
+        "sources": PluginSource,
+        "transforms": PluginTransform,
+        "sinks": PluginSink,
+    }
+    model = models[kind]
     try:
         entry = model.model_validate(raw)
     except ValidationError as error:
@@ -264,4 +273,51 @@ def plan_transforms(
             )
             columns[tid] = output
             primary_keys[tid] = list(key)
+    return steps
+
+
+def plan_sources(
+    sources: Mapping[str, PluginSource],
+    columns: dict[str, dict[str, PgType]],
+    primary_keys: dict[str, list[str] | None],
+    invalid: set[str],
+    problems: list[str],
+) -> dict[str, PluginSourceStep]:
+    """The plugin sources' columns and keys, from their operators (``columns``, ``primary_keys``: updated in
+    place); those whose operator refuses its options or declares a type cdcsync lacks are reported."""
+    from cdcsync.config.types import UnknownTypeError, parse_pg_type
+
+    steps: dict[str, PluginSourceStep] = {}
+    for source_id, source in sources.items():
+        where = f"sources.{source_id}"
+        try:
+            operator = operator_of(source.type)(options_of(source.type, source.options))
+            output = {name: parse_pg_type(text) for name, text in operator.columns().items()}  # type: ignore[attr-defined]
+            key = source.primary_key or list(operator.primary_key())  # type: ignore[attr-defined]
+        except UnknownTypeError as error:
+            problems.append(f"{where}.type: '{source.type}' declares a column type cdcsync lacks: {error}")
+            invalid.add(source_id)
+            continue
+        except Exception as error:  # plugin code: its failure is the pipeline's problem, reported as such
+            problems.append(f"{where}.options: '{source.type}' refused them: {type(error).__name__}: {error}")
+            invalid.add(source_id)
+            continue
+        missing = [column for column in key if column not in output]
+        if not key or missing:
+            problems.append(
+                f"{where}.primary_key: "
+                + (
+                    f"column(s) {', '.join(missing)} not among its columns"
+                    if missing
+                    else "required (the plugin names none)"
+                )
+                + f"; its columns: {', '.join(output)}"
+            )
+            invalid.add(source_id)
+            continue
+        steps[source_id] = PluginSourceStep(
+            source_id, source.type, tuple(source.options.items()), tuple(key), tuple(output.items())
+        )
+        columns[source_id] = output
+        primary_keys[source_id] = list(key)
     return steps

@@ -1,4 +1,5 @@
-"""What a plugin implements: the interfaces of plugin transforms and sinks, and how a package registers them.
+"""What a plugin implements: the interfaces of plugin sources, transforms and sinks, and how a package registers
+them.
 
 A plugin package names a :class:`Plugin` in the entry-point group ``cdcsync.plugins``; the entry point's name is
 the plugin's namespace, and a pipeline names each operator ``<namespace>.<operator>`` with its ``options:``::
@@ -8,8 +9,9 @@ the plugin's namespace, and a pipeline names each operator ``<namespace>.<operat
 
 The runtime owns what must be right in production, around the plugin's code: options validated (with their YAML
 path) before Spark starts, the checkpoint, the batch ledger, idempotency keys, retries with backoff for
-:class:`PluginRetriable` failures, the check of what a transform returns. Plugin code runs on the executors and sees
-Arrow record batches: the business columns of its input, then the six ``_cdc_*`` columns (docs/plugins.md).
+:class:`PluginRetriable` failures, the check of what a transform returns. Transforms and sinks run on the
+executors and see Arrow record batches: the business columns of their input, then the six ``_cdc_*`` columns; a
+source gives the driver a streaming Spark DataFrame (docs/plugins.md).
 
 This module imports nothing heavy, so that ``cdcsync plugins`` and ``validate`` stay fast; pyarrow is imported by
 the plugin's own code where it runs.
@@ -79,13 +81,19 @@ class SinkPlugin(Operator):
 
 
 class SourcePlugin(Operator):
-    """A source of change rows: a streaming Spark DataFrame (registered and listed; the runtime does not run
-    plugin sources yet, docs/plugins.md)."""
+    """A source of rows: a streaming Spark DataFrame, run by the driver as a streaming query of its own."""
 
     def columns(self) -> Mapping[str, str]:
+        """Its columns: name -> Postgres type (the DataFrame's columns are cast to them)."""
         raise NotImplementedError
 
+    def primary_key(self) -> list[str]:
+        """Its key, unless the pipeline names one."""
+        return []
+
     def dataframe(self, spark: Any) -> Any:
+        """A streaming DataFrame with :meth:`columns` (and, optionally, ``_cdc_op``: ``c``, ``u``, ``d``; else
+        every row is an upsert). Replayable from Spark's checkpoint, as Spark's own sources are."""
         raise NotImplementedError
 
 

@@ -249,3 +249,21 @@ def _routed_topic(sink: BatchSink) -> str:
     routed = sink.sink
     assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
     return routed.topic
+
+
+def land_rows(
+    rows: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+) -> dict[str, SinkOutcome]:
+    """Land a micro-batch whose rows need no decoding (a plugin source's: business and ``_cdc_*`` columns) in
+    every sink: ledger lookups, one staging pass, a ledgered merge per sink."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, None)
+    if not pending:
+        return outcome
+    task = StageRowsTask(tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values()))
+    staged = dict(zip(pending, stage(rows, task, batch_id, pipeline_file), strict=True))
+    outcome.update(merge_all(pending, keys, staged))
+    return outcome

@@ -139,8 +139,12 @@ class BatchHandler:
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.spark_context = spark_context
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What every query's handler keeps while it runs: its figures, its failure, the stop protocol's state."""
         self.stats = SourceStats()
-        self.sink_stats = {sink_id: SinkStats() for sink_id in sinks}
+        self.sink_stats = {sink_id: SinkStats() for sink_id in self.sinks}
         self.failure: CdcsyncError | None = None
         self._lock = threading.Lock()
         self._stopping = False
@@ -287,6 +291,18 @@ class BatchHandler:
         evolved = merge(self.pipeline.source_schemas.get(change.source_id), seen)
         return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
+    def record(self, outcome: dict[str, SinkOutcome], batch_id: int) -> None:
+        """A landed batch in the figures the live view shows."""
+        for sink_id, result in outcome.items():
+            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
+            stats.batches += 1
+            stats.skipped_batches += int(result.skipped)
+            stats.rows_in += result.rows_staged
+            stats.rows_out += result.rows_merged
+        self.stats.batches += 1
+        self.stats.last_batch_id = batch_id
+        self.stats.last_batch_done_at = time.monotonic()
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
@@ -305,16 +321,8 @@ class BatchHandler:
                     raise
                 self._evolve(change, batch_id)
                 decode = self._decoder(dead_letters)
-        for sink_id, result in outcome.items():
-            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
-            stats.batches += 1
-            stats.skipped_batches += int(result.skipped)
-            stats.rows_in += result.rows_staged
-            stats.rows_out += result.rows_merged
-        self.stats.batches += 1
-        self.stats.last_batch_id = batch_id
         self.stats.dead_letters += int(dead_letters.value)
-        self.stats.last_batch_done_at = time.monotonic()
+        self.record(outcome, batch_id)
 
 
 class PipelineRunner:
@@ -394,6 +402,12 @@ class PipelineRunner:
             self.check_ledger()
             for source_id, source in self.pipeline.streams().items():
                 self._start_query(spark, source_id, source)
+            for plugin_source in self.pipeline.plan.plugin_sources.values():
+                from cdcsync.runtime.plugin_sources import start_plugin_query
+
+                self.handlers[plugin_source.id], self.queries[plugin_source.id] = start_plugin_query(
+                    spark, self.pipeline, plugin_source, self.settings, self._check_lock, self.available_now
+                )
             try:
                 self._supervise(on_progress)
             finally:

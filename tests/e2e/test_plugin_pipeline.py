@@ -1,6 +1,6 @@
 """The example plugin package (examples/basic_plugin), installed into the run's environment, run from YAML through
 the real ``cdcsync`` command: listed by ``cdcsync plugins``, its options checked by ``validate``, its transform and
-sink run on the executors beside a built-in sink."""
+sink run on the executors beside a built-in sink, and its source as a stream of its own into a mirror."""
 
 from __future__ import annotations
 
@@ -33,9 +33,15 @@ def test_the_example_plugin_runs_from_yaml(
     pipeline["transforms"] = {
         "inserts": {"type": "basic_plugin.filter_transform", "from": "orders", "options": {"ops": ["c"]}}
     }
+    generated = tmp_path / "generated"
+    pipeline["sources"]["generated"] = {
+        "type": "basic_plugin.random_source",
+        "options": {"path": str(generated), "max_rows": 300, "record_batch_size": 100, "seed": 5},
+    }
     pipeline["sinks"] = {
         "shown": {"type": "basic_plugin.print_sink", "from": "inserts", "options": {"mode": "row"}, "batch_size": 50},
         "inserted": {"type": "postgres", "from": "inserts", "schema": "app", "table": "inserted"},
+        "generated_rows": {"type": "postgres", "from": "generated", "schema": "app", "table": "generated"},
     }
     project = make_project(pipeline)
     paths = [str(path) for path in basic_plugin.install(tmp_path)]
@@ -63,4 +69,10 @@ def test_the_example_plugin_runs_from_yaml(
     # The built-in sink behind the same plugin transform holds every key ever inserted.
     mirrored = mirror_rows(postgres_dsn, "app", "inserted", ["id"])
     assert set(mirrored) == {row["id"] for row in rows}
-    assert_each_batch_once(postgres_dsn, "e2e", ["shown", "inserted"])
+    # The plugin source: its rows, streamed one file per micro-batch, mirrored by their key.
+    written = [json.loads(line) for part in sorted(generated.glob("*.json")) for line in part.read_text().splitlines()]
+    assert len(written) == 300
+    mirrored_rows = mirror_rows(postgres_dsn, "app", "generated", ["alphanumeric_field", "num_field"])
+    assert mirrored_rows == {row["alphanumeric_field"]: row for row in written}
+    batches = assert_each_batch_once(postgres_dsn, "e2e", ["shown", "inserted", "generated_rows"])
+    assert len(batches["generated_rows"]) == 3

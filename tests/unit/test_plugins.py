@@ -126,7 +126,7 @@ def test_a_plugin_chain_validates_and_plans(installed: None) -> None:
                 },
                 type="blackhole",
             ),
-            "transforms.s.sql: reads plugin transform 'f'",
+            "transforms.s.sql: reads plugin operator 'f'",
         ),
         (
             {
@@ -134,7 +134,15 @@ def test_a_plugin_chain_validates_and_plans(installed: None) -> None:
                 "sources": {"o": {"type": "basic_plugin.random_source"}},
                 "sinks": {"x": {"type": "blackhole", "from": "o"}},
             },
-            "sources.o.type: plugin sources are listed by `cdcsync plugins` but not run",
+            "sources.o.options.path: required key is missing",
+        ),
+        (
+            {
+                "name": "p",
+                "sources": {"o": {"type": "basic_plugin.random_source", "options": {"path": "/x"}, "primary_key": "k"}},
+                "sinks": {"x": {"type": "blackhole", "from": "o"}},
+            },
+            "sources.o.primary_key: column(s) k not among its columns; its columns: alphanumeric_field, num_field",
         ),
         (doc(type="nothere.sink"), "sinks.out.type: 'nothere.sink' is not an installed plugin sink"),
     ],
@@ -189,3 +197,25 @@ def test_a_broken_plugin_is_reported_not_fatal(
     assert any("plugin 'broken'" in p and "cannot be loaded" in p for p in registry.problems)
     found = problems(doc(type="broken.sink"))
     assert any("no_such_module_here" in problem for problem in found), found
+
+
+def test_a_plugin_source_feeds_transforms_and_sinks(installed: None) -> None:
+    pipeline = validate_pipeline_dict(
+        {
+            "name": "p",
+            "sources": {
+                "orders": SOURCE,
+                "generated": {"type": "basic_plugin.random_source", "options": {"path": "/tmp/x", "max_rows": "50"}},
+            },
+            "transforms": {"kept": {"type": "basic_plugin.filter_transform", "from": "generated"}},
+            "sinks": {
+                "mirror": {"type": "postgres", "from": "kept", "table": "generated"},
+                "other": {"type": "blackhole", "from": "orders"},
+            },
+        }
+    )
+    assert set(pipeline.streams()) == {"orders"} and set(pipeline.plan.plugin_sources) == {"generated"}
+    assert pipeline.primary_key_of("generated") == ["alphanumeric_field"]
+    assert [str(t.sql) for t in pipeline.columns_of("kept").values()] == ["text", "bigint"]
+    assert set(pipeline.sinks_of("generated")) == {"mirror"} and set(pipeline.sinks_of("orders")) == {"other"}
+    assert pipeline.sink_primary_key(pipeline.sinks["mirror"]) == ["alphanumeric_field"]

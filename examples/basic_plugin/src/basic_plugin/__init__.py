@@ -21,6 +21,7 @@ import json
 import random
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,28 +76,46 @@ class PrintSink(SinkPlugin):
 class RandomOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    path: str
+    """A directory of its own: the rows are written there once (JSON lines, ``record_batch_size`` per file), then
+    streamed from there, so a replay reads the same rows."""
     max_rows: int = Field(default=10_000, gt=0)
-    rows_per_second: int = Field(default=1_000, gt=0)
+    record_batch_size: int = Field(default=1_000, gt=0)
+    """Rows per file, and so per micro-batch."""
+    seed: int = 0
 
 
 class RandomSource(SourcePlugin):
-    """Random rows (alphanumeric_field, num_field) from Spark's rate source (not run by cdcsync yet)."""
+    """Random rows (alphanumeric_field, num_field), max_rows of them, record_batch_size per micro-batch."""
 
     Options = RandomOptions
 
     def columns(self) -> Mapping[str, str]:
         return {"alphanumeric_field": "text", "num_field": "bigint"}
 
-    def dataframe(self, spark: Any) -> Any:
-        from pyspark.sql import functions as F
+    def primary_key(self) -> list[str]:
+        return ["alphanumeric_field"]
 
-        seed = random.randrange(2**31)
-        rate = spark.readStream.format("rate").option("rowsPerSecond", self.options.rows_per_second).load()
-        return rate.where(F.col("value") < self.options.max_rows).select(
-            F.sha2(F.concat(F.lit(str(seed)), F.col("value").cast("string")), 256)
-            .substr(1, 12)
-            .alias("alphanumeric_field"),
-            (F.rand(seed) * 1000).cast("bigint").alias("num_field"),
+    def dataframe(self, spark: Any) -> Any:
+        folder = Path(self.options.path)
+        if not any(folder.glob("*.json")):
+            folder.mkdir(parents=True, exist_ok=True)
+            rng = random.Random(self.options.seed)
+            rows = [
+                {"alphanumeric_field": f"{rng.getrandbits(48):012x}", "num_field": rng.randrange(1000)}
+                for _ in range(self.options.max_rows)
+            ]
+            size = self.options.record_batch_size
+            for number, start in enumerate(range(0, len(rows), size)):
+                part = folder / f"part-{number:06d}.json"
+                (folder / f".{part.name}.tmp").write_text(
+                    "".join(json.dumps(row) + "\n" for row in rows[start : start + size])
+                )
+                (folder / f".{part.name}.tmp").rename(part)  # the stream never sees a file half written
+        return (
+            spark.readStream.schema("alphanumeric_field string, num_field bigint")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(folder))
         )
 
 
