@@ -134,40 +134,33 @@ def check_options(where: str, operator: type[Operator], options: Mapping[str, An
         return None, pydantic_problems(f"{where}.options", error, model)
 
 
-class PluginSource(StrictModel):
-    """``type: namespace.operator``: a plugin source, a streaming DataFrame of rows (docs/plugins.md)."""
-
+class _PluginEntry(StrictModel):
     type: str
     options: dict[str, Any] = Field(default_factory=dict)
+    """Checked by the operator's ``Options`` model."""
     primary_key: list[str] | None = None
-    """Defaults to the operator's ``primary_key()``."""
 
     _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
 
 
-class PluginTransform(StrictModel):
-    """``type: namespace.operator``: a plugin transform of one stream (a source or a transform)."""
+class PluginSource(_PluginEntry):
+    """``type: namespace.operator``: a plugin source, a streaming DataFrame of rows (docs/plugins.md); its key
+    defaults to the operator's ``primary_key()``."""
 
-    type: str
+
+class PluginTransform(_PluginEntry):
+    """``type: namespace.operator``: a plugin transform of one stream (a source or a transform); its key defaults
+    to the input's."""
+
     from_: str = Field(alias="from", min_length=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-    primary_key: list[str] | None = None
-    """Defaults to the input's key."""
-
-    _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
 
 
-class PluginSink(StrictModel):
+class PluginSink(_PluginEntry):
     """``type: namespace.operator``: a plugin sink, ledgered and given idempotency keys by the runtime."""
 
-    type: str
     from_: str = Field(alias="from", min_length=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-    primary_key: list[str] | None = None
     batch_size: int = Field(default=10_000, gt=0)
     """Changes per :meth:`~cdcsync.core.plugins.SinkPlugin.write` call, at most."""
-
-    _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
 
 
 def validate_plugin_entry(
