@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer bench-latency install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,9 @@ bench-lookup: jars
 
 bench-peer: jars
 	$(BIN)/python benchmarks/peer_jdbc_sink.py
+
+bench-latency: jars
+	$(BIN)/python benchmarks/latency.py
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache
