@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cdcsync.devstack import DevStackConfig, workload
+from cdcsync.devstack import DevStackConfig, env_lines, status, workload
 from cdcsync.devstack.service import Service
 from cdcsync.devstack.spark import SparkWorker, services
 from tests.e2e.conftest import Project, assert_each_batch_once, ledger_batches, mirror_rows, orders_pipeline
@@ -43,6 +43,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Ser
             service.start()
         for service in cluster:
             service.wait_ready()
+        # What `cdcsync dev status` and `dev env` show for a stack with a cluster.
+        states = {name: s.state for name, s in status(cfg).items() if name.startswith("spark-")}
+        assert states == {"spark-master": "running", "spark-worker-1": "running", "spark-worker-2": "running"}
+        assert f"export CDCSYNC__SPARK__MASTER=spark://127.0.0.1:{cfg.spark_master_port}" in env_lines(cfg)
         yield cluster
     finally:
         for service in reversed(cluster):
