@@ -25,7 +25,7 @@ from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, decoder_input
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -223,7 +223,7 @@ def land_batch(
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(pending, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(pending, keys, staged))
     log.info(
