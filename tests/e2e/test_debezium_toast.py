@@ -7,7 +7,7 @@ Postgres mirror, through a SQL transform (filtering on the small column, declare
 second mirror, and into ClickHouse; each must equal the source. The topic is read back first, to prove every
 placeholder was sent.
 
-The topic has four partitions and the run reads a few messages per micro-batch, so a key change's delete (old key)
+The topic has four partitions and the run reads eight messages per micro-batch, so a key change's delete (old key)
 and create (new key) land in different partitions and different micro-batches, in either order: the test checks
 from the topic and the batch ledger that this happened (cdcsync.sinks.key_moves).
 """
@@ -226,7 +226,7 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
                     "columns": COLUMNS,
                     "on_decode_error": "fail",
                     "untoasted_columns": ["title"],  # so the transform may filter on it
-                    "max_offsets_per_trigger": 4,  # many small batches: a key change's halves in different ones
+                    "max_offsets_per_trigger": 8,  # small batches: a key change's halves in different ones
                 }
             },
             "transforms": {
