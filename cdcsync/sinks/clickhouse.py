@@ -234,32 +234,18 @@ class ClickHouseWriter:
         held = [pc.and_(placeholder_mask(table.column(name), value), creates) for name, value in self.toastable]
         if not pc.any(functools.reduce(pc.or_, held)).as_py():
             return {}
-        keys = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
+        keys = clickhouse_moves.keys_of(table, self.primary_key)
         ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
-        names = [name for name, _ in self.toastable]
-        values = {name: table.column(name).to_pylist() for name in names}
-        unavailable = {name: placeholder_mask(table.column(name), value).to_pylist() for name, value in self.toastable}
+        unavailable = clickhouse_moves.unavailable(table, self.toastable)
         deleted_at = {versions[i]: keys[i] for i in range(len(keys)) if ops[i] == "d"}
-        deleted_keys = set(deleted_at.values())
-        changes_of: dict[tuple[Any, ...], list[int]] = {}
-        for i, key in enumerate(keys):
-            if ops[i] != "d" and key in deleted_keys:
-                changes_of.setdefault(key, []).append(i)
-        moves: dict[tuple[Any, ...], _KeyMove] = {}
+        pairs: dict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = {}
         for i, key in enumerate(keys):
             old = deleted_at.get(versions[i])
-            if ops[i] != "c" or old is None or old == key or not any(unavailable[n][i] for n in names):
-                continue
-            # The old key's values set earlier in this batch (the newest per column), before its delete.
-            earlier = sorted((versions[j], j) for j in changes_of.get(old, []))
-            known: dict[str, Any] = {}
-            for version, j in reversed(earlier):
-                if version < versions[i]:
-                    for name in names:
-                        if name not in known and not unavailable[name][j]:
-                            known[name] = values[name][j]
-            moves[key] = _KeyMove(old, known)
-        return moves
+            if ops[i] == "c" and old is not None and old != key and any(held[i] for held in unavailable.values()):
+                pairs[key] = (old, versions[i])
+        # The old key's values set earlier in this batch (the newest per column), before its delete.
+        known = clickhouse_moves.values_before(table, dict(pairs.values()), self.primary_key, self.toastable)
+        return {key: _KeyMove(old, known.get(old, {})) for key, (old, _) in pairs.items()}
 
     def _fill_unchanged_values(
         self, client: Any, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove] | None = None
