@@ -16,7 +16,8 @@ Contract between the plan and the runtime (:mod:`cdcsync.engine.batch`):
 * ``TransformStep.spark_sql`` reads only those views and yields exactly one row per input row: the business
   columns of ``TransformStep.columns`` in order, then the ``_cdc_*`` columns. A change that the transform's WHERE
   rejects comes out as a delete of its key (``_cdc_op = 'd'``, other computed columns NULL), so that downstream
-  the target always equals the transform applied to each key's latest change; truncates (``_cdc_op = 't'``) pass.
+  the target always equals the transform applied to each key's latest change; truncates (``_cdc_op = 't'``) and
+  key-move rows (``'n'``, :data:`cdcsync.core.names.KEY_MOVE_OP`) pass.
 * ``dynamic_table_check('t', e)`` is true when ``e`` (cast to the table's key type) is among the prior keys, or is
   added by this batch's side output at an earlier position than the row being checked (the table then behaves as
   if changes were processed one at a time, in offset order); false for NULL. Implemented with broadcast joins

@@ -23,12 +23,13 @@ from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
+from cdcsync.sinks import key_moves
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, decoder_input
 from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
@@ -184,6 +185,17 @@ def stage(
     return staged
 
 
+@dataclass(frozen=True)
+class WithoutKeyMoves:
+    """A writer that is not handed the key-move rows (:mod:`cdcsync.sinks.key_moves`): they are cdcsync's own
+    bookkeeping for the sinks that keep a table by key, not changes to print, post or give to plugin code."""
+
+    writer: ExecutorWriter
+
+    def stage(self, table: pa.Table) -> int:
+        return self.writer.stage(key_moves.split(table)[1])
+
+
 def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
     """The executor side of ``sink`` for this batch, running the plugin transforms it reads first, if any."""
     writer: ExecutorWriter
@@ -191,7 +203,10 @@ def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWr
         writer = sink.stage_writer(batch_id)
     else:
         writer = sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name it
-    return with_chain(writer, sink.pipeline.plan.plugin_chain(sink.sink.from_))
+    chain = sink.pipeline.plan.plugin_chain(sink.sink.from_)
+    keeps_key_moves = isinstance(sink, PostgresUpsertSink | ClickHouseTableSink) and not chain
+    writer = with_chain(writer, chain)
+    return writer if keeps_key_moves else WithoutKeyMoves(writer)
 
 
 def merge_all(
@@ -231,7 +246,7 @@ def land_batch(
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(pending, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(pending, keys, staged))
     log.info(
