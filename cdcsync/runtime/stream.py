@@ -28,7 +28,9 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +48,7 @@ from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
+from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
@@ -60,6 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+_STALLED_S = 30.0
+"""``/healthz`` fails when the supervising loop has not gone round for this long."""
 _MAX_EVOLUTIONS_PER_BATCH = 20
 """Schema changes one batch may go through under ``schema_evolution: auto`` (each adds columns)."""
 _EVOLVE_LOCK = threading.Lock()
@@ -76,6 +81,7 @@ class SinkStats:
     rows_out: int = 0
     batches: int = 0
     skipped_batches: int = 0
+    merge_durations: Durations = field(default_factory=Durations)
 
 
 @dataclass
@@ -91,6 +97,8 @@ class SourceStats:
     last_batch_done_at: float | None = None
     waiting: str | None = None
     """What the batch in flight is retrying (a dependency that is away), while it does."""
+    durations: Durations = field(default_factory=Durations)
+    """Wall time of each batch the handler landed."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
 
 
@@ -103,6 +111,8 @@ class RunSnapshot:
     sinks: dict[str, SinkStats]
     sink_targets: dict[str, str]
     elapsed: float
+    sink_types: dict[str, str] = field(default_factory=dict)
+    """Sink id -> its YAML ``type`` (the metrics' ``operator_type``)."""
 
 
 class BatchHandler:
@@ -283,8 +293,9 @@ class BatchHandler:
         return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
     def _process(self, raw: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         if self.stats.first_batch_at is None:
-            self.stats.first_batch_at = time.monotonic()
+            self.stats.first_batch_at = started
         dead_letters = self.spark_context.accumulator(0)
         decode = self._decoder(dead_letters)
         evolutions = 0
@@ -306,10 +317,13 @@ class BatchHandler:
             stats.skipped_batches += int(result.skipped)
             stats.rows_in += result.rows_staged
             stats.rows_out += result.rows_merged
+            if not result.skipped:
+                stats.merge_durations.observe(result.merge_seconds)
         self.stats.batches += 1
         self.stats.last_batch_id = batch_id
         self.stats.dead_letters += int(dead_letters.value)
         self.stats.last_batch_done_at = time.monotonic()
+        self.stats.durations.observe(self.stats.last_batch_done_at - started)
 
 
 class PipelineRunner:
@@ -329,14 +343,62 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._ledger_checked = False
+        self._heartbeat: float | None = None
+        """When the supervising loop last went round (None before the queries start)."""
+        self._stop_deadline: threading.Timer | None = None
 
     def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM (a pod's shutdown) finish the batch in flight and stop; past
+        ``run.stop_timeout_s`` (or at a second signal) the process exits 1 at once, leaving that batch
+        uncommitted for the next run, so a shutdown is bounded even when a batch waits on a dependency."""
+
         def on_signal(signum: int, _frame: Any) -> None:
-            log.warning("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                self._exit_now(f"received {name} again")
+            timeout = self.settings.run.stop_timeout_s
+            log.warning("received %s: finishing the current batch (at most %gs), then stopping", name, timeout)
             self._stop.set()
+            self._stop_deadline = threading.Timer(
+                timeout, self._exit_now, args=(f"the batch in flight did not finish within {timeout:g}s",)
+            )
+            self._stop_deadline.daemon = True
+            self._stop_deadline.start()
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+
+    def _exit_now(self, why: str) -> None:
+        """End the process without waiting for Spark: nothing uncommitted is lost (the checkpoint replays it, the
+        ledgers skip what landed), and the pipeline's lock goes with the process's Postgres session."""
+        log.error(
+            "pipeline '%s': %s; exiting now without committing it (the next run replays it)", self.pipeline.name, why
+        )
+        for stream in (sys.stderr, sys.stdout):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    def health(self) -> Health:
+        """What ``/healthz`` answers (:mod:`cdcsync.runtime.metrics`)."""
+        now = time.monotonic()
+        done = [h.stats.last_batch_done_at for h in self.handlers.values() if h.stats.last_batch_done_at is not None]
+        age = now - max(done) if done else None
+        failed = [source_id for source_id, h in self.handlers.items() if h.failure is not None]
+        max_age = self.settings.metrics.max_batch_age_s
+        if self._stop.is_set():
+            return Health(False, "stopping", age)
+        if failed:
+            return Health(False, f"a batch of source '{failed[0]}' failed", age)
+        if self._heartbeat is None:
+            return Health(False, "starting", age)
+        if not all(query.isActive for query in self.queries.values()):
+            return Health(False, "a query has ended", age)
+        if now - self._heartbeat > _STALLED_S:
+            return Health(False, f"the supervising loop has not run for {now - self._heartbeat:.0f}s", age)
+        if max_age is not None and (now - self._started if age is None else age) > max_age:
+            return Health(False, f"no batch landed in the last {max_age:g}s (metrics.max_batch_age_s)", age)
+        return Health(True, "streaming", age)
 
     def snapshot(self) -> RunSnapshot:
         sinks: dict[str, SinkStats] = {}
@@ -352,6 +414,11 @@ class PipelineRunner:
                 for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
             },
             elapsed=time.monotonic() - self._started,
+            sink_types={
+                sid: s.type
+                for handler in self.handlers.values()
+                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
+            },
         )
 
     @contextlib.contextmanager
@@ -397,6 +464,8 @@ class PipelineRunner:
                 for query in self.queries.values():
                     if query.isActive:
                         query.stop()
+                if self._stop_deadline is not None:
+                    self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()
         return self.snapshot()
 
@@ -448,6 +517,7 @@ class PipelineRunner:
     def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
         stopping = False
         while any(q.isActive for q in self.queries.values()):
+            self._heartbeat = time.monotonic()
             self._refresh_progress()
             if on_progress is not None:
                 on_progress(self.snapshot())

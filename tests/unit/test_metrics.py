@@ -1,0 +1,91 @@
+"""The run's metrics and health endpoint, scraped over HTTP from a snapshot (no Spark, no services)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from cdcsync.runtime.metrics import Durations, Health, MetricsServer, RunCollector
+from cdcsync.runtime.stream import RunSnapshot, SinkStats, SourceStats
+
+
+def _snapshot() -> RunSnapshot:
+    source = SourceStats(batches=3, rows_in=1200, dead_letters=2, lag={"shop.orders/0": 7, "shop.orders/1": 0})
+    source.durations.observe(0.3)
+    source.durations.observe(4.0)
+    mirror = SinkStats(rows_in=1198, rows_out=1100, batches=3, skipped_batches=1)
+    mirror.merge_durations.observe(0.07)
+    return RunSnapshot(
+        pipeline="shop",
+        sources={"orders": source},
+        sinks={"mirror": mirror},
+        sink_targets={"mirror": "app.orders"},
+        elapsed=10.0,
+        sink_types={"mirror": "postgres_aggregate"},
+    )
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_durations_are_cumulative_per_bucket() -> None:
+    durations = Durations()
+    for seconds in (0.01, 0.3, 0.3, 7.0, 1000.0):
+        durations.observe(seconds)
+    pairs = dict(durations.cumulative())
+    assert pairs["0.05"] == 1 and pairs["0.5"] == 3 and pairs["10.0"] == 4 and pairs["+Inf"] == 5
+    assert durations.count == 5 and abs(durations.total - 1007.61) < 1e-9
+
+
+def test_metrics_and_health_over_http() -> None:
+    health = {"now": Health(True, "streaming", 1.5)}
+    server = MetricsServer(RunCollector(_snapshot, lambda: health["now"]), "127.0.0.1", 0).start()
+    try:
+        status, text = _get(server.port, "/metrics")
+        assert status == 200
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+        source = (("id", "orders"), ("operator_type", "kafka"), ("pipeline", "shop"), ("topology_node_type", "source"))
+        sink = (
+            ("id", "mirror"),
+            ("operator_type", "postgres_aggregate"),
+            ("pipeline", "shop"),
+            ("topology_node_type", "sink"),
+        )
+        assert samples[("cdcsync_source_changes_in_total", source)] == 1200
+        assert samples[("cdcsync_source_batches_total", source)] == 3
+        assert samples[("cdcsync_source_dead_letters_total", source)] == 2
+        lag = tuple(sorted((*source, ("topic", "shop.orders"), ("partition", "0"))))
+        assert samples[("cdcsync_source_lag", lag)] == 7
+        assert samples[("cdcsync_sink_rows_staged_total", sink)] == 1198
+        assert samples[("cdcsync_sink_rows_merged_total", sink)] == 1100
+        assert samples[("cdcsync_sink_skipped_batches_total", sink)] == 1
+        assert samples[("cdcsync_source_batch_duration_seconds_count", source)] == 2
+        assert samples[("cdcsync_source_batch_duration_seconds_bucket", tuple(sorted((*source, ("le", "0.5")))))] == 1
+        assert samples[("cdcsync_sink_merge_duration_seconds_count", sink)] == 1
+        assert samples[("cdcsync_up", (("pipeline", "shop"),))] == 1
+
+        status, body = _get(server.port, "/healthz")
+        assert status == 200 and json.loads(body) == {
+            "status": "ok",
+            "reason": "streaming",
+            "last_batch_age_seconds": 1.5,
+        }
+        health["now"] = Health(False, "stopping", None)
+        status, body = _get(server.port, "/healthz")
+        assert status == 503 and json.loads(body)["reason"] == "stopping"
+        assert _get(server.port, "/metrics")[1].count('cdcsync_up{pipeline="shop"} 0.0') == 1
+        assert _get(server.port, "/other")[0] == 404
+    finally:
+        server.stop()
