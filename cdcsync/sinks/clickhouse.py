@@ -231,6 +231,7 @@ class ClickHouseWriter:
                     values[index] = stored[source[key]][name]
             table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
         return table
+
     def _stored(self, client: Any, rows: pa.Table) -> list[tuple[int, Any]]:
         """(position in ``rows``, newest version + 1) of the keys whose newest row is live."""
         keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
