@@ -467,7 +467,12 @@ class PostgresTarget:
         if roles and change.kind == "init":
             return stem, [*_roles_what(state, existing=False), *what], _roles_preamble(state) + "\n" + body
         if roles and change.kind != "record_sources":
-            return stem, what, render(f"{DATABASE}/as_owner.sql.j2", roles=roles) + "\n" + body
+            schemas = []
+            if change.kind == "add_sink":
+                schemas = [state["sinks"][change.sink_id]["schema"]]
+            elif change.kind == "add_dynamic_table":
+                schemas = [state["dynamic_tables"][change.sink_id]["schema"]]
+            return stem, what, render(f"{DATABASE}/as_owner.sql.j2", roles=roles, schemas=schemas) + "\n" + body
         return stem, what, body
 
     def _render_change(

@@ -14,7 +14,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:6f1c49d088e9cb986c64d3218e378ee35c67b0c0016f8e1993e9695fe91276da
+-- checksum: sha256:7e98361b7b60831d135bab6a6478de7de08b1c9a6e84d64f28d4b25d55dcc013
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null,"version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -48,6 +48,7 @@ GRANT USAGE ON SCHEMA "cdcsync" TO "cdcsync_writer";
 CREATE SCHEMA IF NOT EXISTS "app";
 GRANT USAGE, CREATE ON SCHEMA "app" TO "cdcsync_owner";
 GRANT USAGE ON SCHEMA "app" TO "cdcsync_writer";
+
 DO $cdcsync$
 BEGIN
     IF to_regclass('"cdcsync"."schema_migrations"') IS NOT NULL THEN
@@ -238,5 +239,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:6f1c49d088e9cb986c64d3218e378ee35c67b0c0016f8e1993e9695fe91276da')
+VALUES ('shop', '0001_init.sql', 'sha256:7e98361b7b60831d135bab6a6478de7de08b1c9a6e84d64f28d4b25d55dcc013')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

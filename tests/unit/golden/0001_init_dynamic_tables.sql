@@ -13,7 +13,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:d6c3f27dbca6fadd5cbe1b4d0f4a8156fb51ab82ff5c5d7f5d1a27dee9b8f472
+-- checksum: sha256:c4a5577807ea488a0538f50996512d3102a866cf005a9f3753e5e2832f8e3258
 -- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -53,6 +53,7 @@ GRANT USAGE ON SCHEMA "public" TO "cdcsync_writer";
 CREATE SCHEMA IF NOT EXISTS "crm";
 GRANT USAGE, CREATE ON SCHEMA "crm" TO "cdcsync_owner";
 GRANT USAGE ON SCHEMA "crm" TO "cdcsync_writer";
+
 DO $cdcsync$
 BEGIN
     IF to_regclass('"cdcsync"."schema_migrations"') IS NOT NULL THEN
@@ -253,5 +254,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:d6c3f27dbca6fadd5cbe1b4d0f4a8156fb51ab82ff5c5d7f5d1a27dee9b8f472')
+VALUES ('shop', '0001_init.sql', 'sha256:c4a5577807ea488a0538f50996512d3102a866cf005a9f3753e5e2832f8e3258')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -7,8 +7,9 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0002_upgrade_aggregate_revenue.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:3f24a77840642b2663533dd6fdf611bef691cfaa307981f6566d5d9189a00baa
+-- checksum: sha256:33b3a3f22de593f67d0c08c4e0e9aac9b509a84182cdccd931690e9f8aa02ddd
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"},{"accumulator_type":"numeric","fn":"sum","index":null,"name":"fine_total","source":"fine","type":"numeric(18,2)"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"fine_avg_f","source":"fine","type":"double precision"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"raw_avg","scale_index":"revenue_by_customer__raw__scale","source":"raw","type":"numeric"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"},{"name":"fine","type":"numeric(12,4)"},{"name":"raw","type":"numeric"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
+
 
 SET LOCAL ROLE "cdcsync_owner";
 
@@ -349,5 +350,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0002_upgrade_aggregate_revenue.sql', 'sha256:3f24a77840642b2663533dd6fdf611bef691cfaa307981f6566d5d9189a00baa')
+VALUES ('shop', '0002_upgrade_aggregate_revenue.sql', 'sha256:33b3a3f22de593f67d0c08c4e0e9aac9b509a84182cdccd931690e9f8aa02ddd')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
