@@ -129,9 +129,9 @@ def parse_postgres(sql: str) -> list[exp.Expr]:
     assert statements, "no statements"
     for statement in statements:
         if isinstance(statement, exp.Command):
-            assert statement.sql(comments=False).startswith(("CREATE OR REPLACE FUNCTION", "DO $cdcsync$", "SET LOCAL ROLE")), (
-                f"sqlglot could not parse: {statement.sql()[:200]}"
-            )
+            assert statement.sql(comments=False).startswith(
+                ("CREATE OR REPLACE FUNCTION", "DO $cdcsync$", "SET LOCAL ROLE")
+            ), f"sqlglot could not parse: {statement.sql()[:200]}"
     return statements
 
 
