@@ -89,3 +89,19 @@ def test_metrics_and_health_over_http() -> None:
         assert _get(server.port, "/other")[0] == 404
     finally:
         server.stop()
+
+
+def test_the_grafana_dashboard_reads_metrics_the_run_serves() -> None:
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).parents[2] / "compose/grafana/cdcsync-dashboard.json").read_text())
+    wanted = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bcdcsync_[a-z_]+", target["expr"])
+    }
+    collector = RunCollector(_snapshot, lambda: Health(True, "streaming", 2.0))
+    served = {sample.name for family in collector.collect() for sample in family.samples}
+    assert wanted and wanted <= served, wanted - served
