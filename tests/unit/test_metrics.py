@@ -105,3 +105,49 @@ def test_the_grafana_dashboard_reads_metrics_the_run_serves() -> None:
     collector = RunCollector(_snapshot, lambda: Health(True, "streaming", 2.0))
     served = {sample.name for family in collector.collect() for sample in family.samples}
     assert wanted and wanted <= served, wanted - served
+
+
+def test_otlp_export_pushes_the_same_counters() -> None:
+    """metrics.otlp_endpoint: opentelemetry-sdk posts the counters and gauges, labels included, to a collector
+    (here a stand-in HTTP server that keeps the request bodies)."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from cdcsync.runtime.metrics import OtlpExport
+
+    bodies: list[bytes] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        export = OtlpExport(_snapshot, f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", 60.0)
+        export.stop()  # exports once more on shutdown
+    finally:
+        server.shutdown()
+    request = ExportMetricsServiceRequest()
+    request.ParseFromString(bodies[-1])
+    metrics = {m.name: m for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    changes = metrics["cdcsync_source_changes_in"].sum.data_points[0]
+    assert (changes.as_int or changes.as_double) == 1200
+    assert {a.key: a.value.string_value for a in changes.attributes} == {
+        "pipeline": "shop",
+        "id": "orders",
+        "topology_node_type": "source",
+        "operator_type": "kafka",
+    }
+    lag = {
+        tuple(a.value.string_value for a in point.attributes if a.key == "partition"): point.as_int or point.as_double
+        for point in metrics["cdcsync_source_lag"].gauge.data_points
+    }
+    assert lag == {("0",): 7, ("1",): 0}
