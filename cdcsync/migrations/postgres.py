@@ -253,14 +253,14 @@ def _version_what(sink_id: str, sink: dict[str, Any], internal_schema: str) -> l
 def _render_dynamic_table(
     pipeline_name: str, table_id: str, table: dict[str, Any], internal_schema: str, roles: Any = None
 ) -> str:
-    values = {
-        "pipeline": pipeline_name,
-        "table_id": table_id,
-        "table": table,
-        "internal_schema": internal_schema,
-        "roles": roles,
-    }
-    return render(f"{DATABASE}/dynamic_table.sql.j2", **values)
+    return render(
+        f"{DATABASE}/dynamic_table.sql.j2",
+        pipeline=pipeline_name,
+        table_id=table_id,
+        table=table,
+        internal_schema=internal_schema,
+        roles=roles,
+    )
 
 
 def _dynamic_table_what(table_id: str, table: dict[str, Any]) -> str:
@@ -273,13 +273,8 @@ def _dynamic_table_what(table_id: str, table: dict[str, Any]) -> str:
 def _render_sink(
     pipeline_name: str, sink_id: str, sink: dict[str, Any], internal_schema: str, roles: Any = None
 ) -> str:
-    values = {
-        "pipeline": pipeline_name,
-        "sink_id": sink_id,
-        "sink": sink,
-        "internal_schema": internal_schema,
-        "roles": roles,
-    }
+    values = {"pipeline": pipeline_name, "sink_id": sink_id, "sink": sink, "internal_schema": internal_schema}
+    values["roles"] = roles
     sql = render(f"{DATABASE}/mirror_table.sql.j2", **values)
     if sink.get("aggregate"):
         sql += "\n" + render(f"{DATABASE}/aggregate.sql.j2", **values)
