@@ -39,6 +39,7 @@ def test_no_password_in_any_output_of_a_failing_run(
             "CDCSYNC__CLICKHOUSE__URL": f"http://default:{secrets['ch']}@127.0.0.1:{_free_port()}",
             "CDCSYNC__SCHEMA_REGISTRY__URL": f"http://cdcsync:{secrets['registry']}@127.0.0.1:{_free_port()}/apis/ccompat/v7",
             "CDCSYNC__SCHEMA_REGISTRY__RETRY_TIMEOUT_S": "1",
+            "CDCSYNC__RETRY__BUDGET_S": "2",  # the registry stays away: fail soon
         }
     )
     pipeline = str(project.pipeline_file)
