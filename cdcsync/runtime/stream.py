@@ -382,9 +382,10 @@ class PipelineRunner:
     def health(self) -> Health:
         """What ``/healthz`` answers (:mod:`cdcsync.runtime.metrics`)."""
         now = time.monotonic()
-        done = [h.stats.last_batch_done_at for h in self.handlers.values() if h.stats.last_batch_done_at is not None]
+        handlers = list(self.handlers.items())  # a scrape's thread: the main thread may be adding queries
+        done = [h.stats.last_batch_done_at for _, h in handlers if h.stats.last_batch_done_at is not None]
         age = now - max(done) if done else None
-        failed = [source_id for source_id, h in self.handlers.items() if h.failure is not None]
+        failed = [source_id for source_id, h in handlers if h.failure is not None]
         max_age = self.settings.metrics.max_batch_age_s
         if self._stop.is_set():
             return Health(False, "stopping", age)
@@ -392,7 +393,7 @@ class PipelineRunner:
             return Health(False, f"a batch of source '{failed[0]}' failed", age)
         if self._heartbeat is None:
             return Health(False, "starting", age)
-        if not all(query.isActive for query in self.queries.values()):
+        if not all(query.isActive for query in list(self.queries.values())):
             return Health(False, "a query has ended", age)
         if now - self._heartbeat > _STALLED_S:
             return Health(False, f"the supervising loop has not run for {now - self._heartbeat:.0f}s", age)
@@ -401,24 +402,23 @@ class PipelineRunner:
         return Health(True, "streaming", age)
 
     def snapshot(self) -> RunSnapshot:
+        """Also read by the metrics server's thread, so it copies the handlers first (queries may be starting)."""
+        handlers = list(self.handlers.items())
         sinks: dict[str, SinkStats] = {}
-        for handler in self.handlers.values():
+        sink_targets: dict[str, str] = {}  # as each handler knows them now (schema_evolution: auto may add tables)
+        sink_types: dict[str, str] = {}
+        for _, handler in handlers:
             sinks.update(handler.sink_stats)
+            for sid, s in handler.pipeline.sinks_of(handler.source_id).items():
+                sink_targets[sid] = f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
+                sink_types[sid] = s.type
         return RunSnapshot(
             pipeline=self.pipeline.name,
-            sources={sid: h.stats for sid, h in self.handlers.items()},
+            sources={sid: h.stats for sid, h in handlers},
             sinks=sinks,
-            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for handler in self.handlers.values()
-                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
-            },
+            sink_targets=sink_targets,
             elapsed=time.monotonic() - self._started,
-            sink_types={
-                sid: s.type
-                for handler in self.handlers.values()
-                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
-            },
+            sink_types=sink_types,
         )
 
     @contextlib.contextmanager
