@@ -87,6 +87,7 @@ def test_metrics_health_and_a_bounded_sigterm_as_the_writer_role(
             time.sleep(0.5)
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert found[("cdcsync_source_changes_in_total", "orders")] == produced
+        assert found[("cdcsync_source_lag", "orders")] == 0  # summed over the partitions
         assert found[("cdcsync_source_dead_letters_total", "orders")] == 0
         batches = found[("cdcsync_source_batches_total", "orders")]
         assert batches >= produced // 1_000
