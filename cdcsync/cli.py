@@ -497,18 +497,7 @@ def _devstack_config() -> Any:
     from cdcsync.devstack import DevStackConfig
 
     settings = _settings()
-    return DevStackConfig(
-        state_dir=settings.state_dir.resolve(),
-        postgres_port=settings.devstack.postgres_port,
-        kafka_port=settings.devstack.kafka_port,
-        kafka_controller_port=settings.devstack.kafka_controller_port,
-        clickhouse_port=settings.devstack.clickhouse_port,
-        schema_registry_port=settings.devstack.schema_registry_port,
-        connect_port=settings.devstack.connect_port,
-        debezium_database=settings.devstack.debezium_database,
-        debezium_format=settings.devstack.debezium_format,
-        debezium_schemas_enable=settings.devstack.debezium_schemas_enable,
-    )
+    return DevStackConfig(state_dir=settings.state_dir.resolve(), **settings.devstack.model_dump())
 
 
 def _print_stack_status(status: Any) -> None:
@@ -530,12 +519,21 @@ def dev_up(
             "(JSON; Avro in the Confluent wire format with CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT=avro).",
         ),
     ] = False,
+    spark_workers: Annotated[
+        int,
+        typer.Option(
+            "--spark-workers",
+            min=0,
+            help="Also run a Spark standalone master and N workers (pyspark's own); run pipelines on it with "
+            "CDCSYNC__SPARK__MASTER=spark://127.0.0.1:17077 (see `cdcsync dev env`).",
+        ),
+    ] = 0,
 ) -> None:
     """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
     err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
-    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
+    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium, spark_workers=spark_workers))
 
 
 @dev_app.command("down")

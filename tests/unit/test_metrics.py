@@ -95,7 +95,7 @@ def test_the_grafana_dashboard_reads_metrics_the_run_serves() -> None:
     import re
     from pathlib import Path
 
-    dashboard = json.loads((Path(__file__).parents[2] / "compose/grafana/cdcsync-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).parents[2] / "compose/grafana/dashboards/cdcsync.json").read_text())
     wanted = {
         name
         for panel in dashboard["panels"]
