@@ -267,6 +267,9 @@ def run_env(**settings: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
     env["COLUMNS"] = "200"  # Rich tables on a pipe: wide enough that no cell wraps
     env["CDCSYNC__SPARK__CONF"] = json.dumps(TEST_SPARK_CONF)
+    # tests that SIGTERM a run expect the batch in flight to finish: on a loaded 2-core machine one may take longer
+    # than production's 25 s bound (tests/e2e/test_operations.py sets its own, short one to test the bound)
+    env["CDCSYNC__RUN__STOP_TIMEOUT_S"] = "120"
     for key, value in settings.items():
         env[f"CDCSYNC__{key.upper()}"] = str(value)
     return env

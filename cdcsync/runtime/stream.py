@@ -28,7 +28,9 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +50,7 @@ from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
+from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.plugins import PluginTableSink
@@ -65,6 +68,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+_STALLED_S = 30.0
+"""``/healthz`` fails when the supervising loop has not gone round for this long."""
 _MAX_EVOLUTIONS_PER_BATCH = 20
 """Schema changes one batch may go through under ``schema_evolution: auto`` (each adds columns)."""
 _EVOLVE_LOCK = threading.Lock()
@@ -81,6 +86,7 @@ class SinkStats:
     rows_out: int = 0
     batches: int = 0
     skipped_batches: int = 0
+    merge_durations: Durations = field(default_factory=Durations)
 
 
 @dataclass
@@ -96,6 +102,8 @@ class SourceStats:
     last_batch_done_at: float | None = None
     waiting: str | None = None
     """What the batch in flight is retrying (a dependency that is away), while it does."""
+    durations: Durations = field(default_factory=Durations)
+    """Wall time of each batch the handler landed."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
 
 
@@ -108,6 +116,8 @@ class RunSnapshot:
     sinks: dict[str, SinkStats]
     sink_targets: dict[str, str]
     elapsed: float
+    sink_types: dict[str, str] = field(default_factory=dict)
+    """Sink id -> its YAML ``type`` (the metrics' ``operator_type``)."""
 
 
 class BatchHandler:
@@ -299,13 +309,16 @@ class BatchHandler:
             stats.skipped_batches += int(result.skipped)
             stats.rows_in += result.rows_staged
             stats.rows_out += result.rows_merged
+            if not result.skipped:
+                stats.merge_durations.observe(result.merge_seconds)
         self.stats.batches += 1
         self.stats.last_batch_id = batch_id
         self.stats.last_batch_done_at = time.monotonic()
 
     def _process(self, raw: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         if self.stats.first_batch_at is None:
-            self.stats.first_batch_at = time.monotonic()
+            self.stats.first_batch_at = started
         dead_letters = self.spark_context.accumulator(0)
         decode = self._decoder(dead_letters)
         evolutions = 0
@@ -323,6 +336,7 @@ class BatchHandler:
                 decode = self._decoder(dead_letters)
         self.stats.dead_letters += int(dead_letters.value)
         self.record(outcome, batch_id)
+        self.stats.durations.observe(time.monotonic() - started)
 
 
 class PipelineRunner:
@@ -342,27 +356,82 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._ledger_checked = False
+        self._heartbeat: float | None = None
+        """When the supervising loop last went round (None before the queries start)."""
+        self._stop_deadline: threading.Timer | None = None
 
     def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM (a pod's shutdown) finish the batch in flight and stop; past
+        ``run.stop_timeout_s`` (or at a second signal) the process exits 1 at once, leaving that batch
+        uncommitted for the next run, so a shutdown is bounded even when a batch waits on a dependency."""
+
         def on_signal(signum: int, _frame: Any) -> None:
-            log.warning("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                self._exit_now(f"received {name} again")
+            timeout = self.settings.run.stop_timeout_s
+            log.warning("received %s: finishing the current batch (at most %gs), then stopping", name, timeout)
             self._stop.set()
+            self._stop_deadline = threading.Timer(
+                timeout, self._exit_now, args=(f"the batch in flight did not finish within {timeout:g}s",)
+            )
+            self._stop_deadline.daemon = True
+            self._stop_deadline.start()
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
+    def _exit_now(self, why: str) -> None:
+        """End the process without waiting for Spark: nothing uncommitted is lost (the checkpoint replays it, the
+        ledgers skip what landed), and the pipeline's lock goes with the process's Postgres session."""
+        log.error(
+            "pipeline '%s': %s; exiting now without committing it (the next run replays it)", self.pipeline.name, why
+        )
+        for stream in (sys.stderr, sys.stdout):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    def health(self) -> Health:
+        """What ``/healthz`` answers (:mod:`cdcsync.runtime.metrics`)."""
+        now = time.monotonic()
+        handlers = list(self.handlers.items())  # a scrape's thread: the main thread may be adding queries
+        done = [h.stats.last_batch_done_at for _, h in handlers if h.stats.last_batch_done_at is not None]
+        age = now - max(done) if done else None
+        failed = [source_id for source_id, h in handlers if h.failure is not None]
+        max_age = self.settings.metrics.max_batch_age_s
+        if self._stop.is_set():
+            return Health(False, "stopping", age)
+        if failed:
+            return Health(False, f"a batch of source '{failed[0]}' failed", age)
+        if self._heartbeat is None:
+            return Health(False, "starting", age)
+        if not all(query.isActive for query in list(self.queries.values())):
+            return Health(False, "a query has ended", age)
+        if now - self._heartbeat > _STALLED_S:
+            return Health(False, f"the supervising loop has not run for {now - self._heartbeat:.0f}s", age)
+        if max_age is not None and (now - self._started if age is None else age) > max_age:
+            return Health(False, f"no batch landed in the last {max_age:g}s (metrics.max_batch_age_s)", age)
+        return Health(True, "streaming", age)
+
     def snapshot(self) -> RunSnapshot:
+        """Also read by the metrics server's thread, so it copies the handlers first (queries may be starting)."""
+        handlers = list(self.handlers.items())
         sinks: dict[str, SinkStats] = {}
-        for handler in self.handlers.values():
+        sink_targets: dict[str, str] = {}  # as each handler knows them now (schema_evolution: auto may add tables)
+        sink_types: dict[str, str] = {}
+        for _, handler in handlers:
             sinks.update(handler.sink_stats)
+            for sid, sink in list(handler.sinks.items()):
+                sink_targets[sid] = sink.target_name
+                sink_types[sid] = sink.sink.type
         return RunSnapshot(
             pipeline=self.pipeline.name,
-            sources={sid: h.stats for sid, h in self.handlers.items()},
+            sources={sid: h.stats for sid, h in handlers},
             sinks=sinks,
-            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: sink.target_name for handler in self.handlers.values() for sid, sink in handler.sinks.items()
-            },
+            sink_targets=sink_targets,
             elapsed=time.monotonic() - self._started,
+            sink_types=sink_types,
         )
 
     @contextlib.contextmanager
@@ -414,6 +483,8 @@ class PipelineRunner:
                 for query in self.queries.values():
                     if query.isActive:
                         query.stop()
+                if self._stop_deadline is not None:
+                    self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()
         return self.snapshot()
 
@@ -465,6 +536,7 @@ class PipelineRunner:
     def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
         stopping = False
         while any(q.isActive for q in self.queries.values()):
+            self._heartbeat = time.monotonic()
             self._refresh_progress()
             if on_progress is not None:
                 on_progress(self.snapshot())
