@@ -2,7 +2,7 @@
 -- generator: cdcsync VERSION
 -- creates:
 --   roles "cdcsync_owner" (owns every object; this file and the later ones run as it) and "cdcsync_writer" (what `cdcsync run` needs: rows, no DDL), NOLOGIN, unless they exist; needs a role that may create roles (a DBA)
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "dynamic_table_changes"
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "key_moves", "dynamic_table_changes"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -13,8 +13,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:c4a5577807ea488a0538f50996512d3102a866cf005a9f3753e5e2832f8e3258
--- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
+-- checksum: sha256:10969c1c099b6b73d00e3e9def489fe484c104cdb15b9ce3d7db6f404d89e870
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
 BEGIN
@@ -160,6 +160,18 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
 COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."source_positions" TO "cdcsync_writer";
 
+CREATE TABLE IF NOT EXISTS "cdcsync"."key_moves" (
+    "pipeline" text,
+    "sink" text,
+    "key" jsonb,
+    "_cdc_version" numeric(38,0) NOT NULL,
+    "values" jsonb NOT NULL,
+    "moved_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "key")
+);
+COMMENT ON TABLE "cdcsync"."key_moves" IS 'cdcsync: per sink, the old key''s large values of a primary-key change whose delete was merged before the create of the new key; removed when the new key is merged';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."key_moves" TO "cdcsync_writer";
+
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
     "table_name" text,
@@ -254,5 +266,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:c4a5577807ea488a0538f50996512d3102a866cf005a9f3753e5e2832f8e3258')
+VALUES ('shop', '0001_init.sql', 'sha256:10969c1c099b6b73d00e3e9def489fe484c104cdb15b9ce3d7db6f404d89e870')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
