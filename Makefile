@@ -37,7 +37,7 @@ unit: install
 	$(BIN)/pytest -m unit $(PYTEST_ARGS)
 
 integration: jars
-	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+	$(BIN)/pytest -m "integration and not soak" $(PYTEST_ARGS)
 
 e2e: jars
 	$(BIN)/pytest -m "e2e and not soak" $(PYTEST_ARGS)
