@@ -451,11 +451,14 @@ def spark() -> Iterator[Any]:
 
     from pyspark.sql import SparkSession
 
+    from cdcsync.runtime.cds import driver_java_options
     from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("cdcsync-tests")
-    for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g", **TEST_SPARK_CONF}.items():
+    java_options = f"{driver_java_options(True)} {TEST_SPARK_CONF['spark.driver.extraJavaOptions']}".strip()
+    conf = {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g", **TEST_SPARK_CONF, "spark.driver.extraJavaOptions": java_options}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
