@@ -33,10 +33,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
@@ -548,7 +548,7 @@ class PipelineRunner:
                     handler.request_stop()
                 for query in self.queries.values():
                     query.stop()
-            time.sleep(_POLL_SECONDS)
+            _await_any(self.queries.values(), _POLL_SECONDS)
         self._refresh_progress()
         if on_progress is not None:
             on_progress(self.snapshot())
@@ -576,6 +576,18 @@ class PipelineRunner:
             if error is not None and "StopRequested" not in str(error):
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
+
+
+def _await_any(queries: Iterable[StreamingQuery], timeout_s: float) -> None:
+    """Wait up to ``timeout_s``, returning as soon as an active query ends: an ``--available-now`` run exits when
+    its last batch is done, not up to a poll interval later. A query that failed is reported by the caller."""
+    from pyspark.errors import StreamingQueryException
+
+    active = next((query for query in queries if query.isActive), None)
+    if active is None:
+        return
+    with contextlib.suppress(StreamingQueryException):
+        active.awaitTermination(cast(int, timeout_s))  # typed int, takes seconds as any number (pyspark 4)
 
 
 def retry_budget(settings: Settings | None) -> RetryBudget:
