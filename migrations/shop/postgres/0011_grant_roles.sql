@@ -7,7 +7,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0011_grant_roles.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:4f33a941e85495d9944d66525d37e3f01ad5ee76ee1bf692afafcd84aa603faf
+-- checksum: sha256:2285327d3114bcf14883b14a6975f9747f6ac6e3f1e374fcf24f487c6c3cb95a
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_audit":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"status","type":"text"},{"name":"Note","type":"text"},{"name":"updated_at","type":"timestamp with time zone"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_audit__stage","table":"orders_with_deleted","tombstone_table":null,"version_type":"numeric(38,0)"},"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"status","type":"text"},{"name":"Note","type":"text"},{"name":"updated_at","type":"timestamp with time zone"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"largest","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":false,"name":"customer_id","source":"customer_id","type":"bigint"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"status","type":"text"},{"name":"Note","type":"text"},{"name":"updated_at","type":"timestamp with time zone"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -58,6 +58,9 @@ BEGIN
     END IF;
     IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
     END IF;
     IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
@@ -111,6 +114,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."dead_letters" TO "cdcsync_wri
 GRANT USAGE ON SEQUENCE "cdcsync"."dead_letters_id_seq" TO "cdcsync_writer";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."truncations" TO "cdcsync_writer";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."source_positions" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."key_moves" TO "cdcsync_writer";
 GRANT SELECT ON "cdcsync"."dynamic_table_changes" TO "cdcsync_writer";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "app"."orders_with_deleted" TO "cdcsync_writer";
 GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON "cdcsync"."shop__orders_audit__stage" TO "cdcsync_writer";
@@ -124,5 +128,5 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON "app"."revenue_by_customer" TO "cdcsync_
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0011_grant_roles.sql', 'sha256:4f33a941e85495d9944d66525d37e3f01ad5ee76ee1bf692afafcd84aa603faf')
+VALUES ('shop', '0011_grant_roles.sql', 'sha256:2285327d3114bcf14883b14a6975f9747f6ac6e3f1e374fcf24f487c6c3cb95a')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

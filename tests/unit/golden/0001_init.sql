@@ -14,7 +14,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:d17c93c7b1190ed5f7c083258c0cbcf49b6fd67337cdf0170784e5ab640d817d
+-- checksum: sha256:de434f346aaa037b55400f9e12f8b8d39e22c20241f8ba8a1d7ad7b34cf92370
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"},"orders_soft":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"},{"name":"note","type":"text"}],"delete_mode":"soft","primary_key":["id"],"schema":"app","stage_table":"shop__orders_soft__stage","table":"orders_soft","tombstone_table":null,"version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -65,6 +65,9 @@ BEGIN
     END IF;
     IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
     END IF;
     IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
@@ -251,5 +254,5 @@ COMMENT ON TABLE "cdcsync"."shop__orders_soft__stage" IS 'cdcsync staging table 
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:d17c93c7b1190ed5f7c083258c0cbcf49b6fd67337cdf0170784e5ab640d817d')
+VALUES ('shop', '0001_init.sql', 'sha256:de434f346aaa037b55400f9e12f8b8d39e22c20241f8ba8a1d7ad7b34cf92370')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

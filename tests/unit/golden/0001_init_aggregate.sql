@@ -13,7 +13,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:ccfc820ba196c96cfa4315cdbbcb1e5c93ad0ab66d2c57ba5a46a5b72d4bfa16
+-- checksum: sha256:5c2fdd31e9f0ce26583cd37be6bf8aeb33590c90fb5a0cc91ced5d8e690f2077
 -- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -64,6 +64,9 @@ BEGIN
     END IF;
     IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
     END IF;
     IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
@@ -463,5 +466,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:ccfc820ba196c96cfa4315cdbbcb1e5c93ad0ab66d2c57ba5a46a5b72d4bfa16')
+VALUES ('shop', '0001_init.sql', 'sha256:5c2fdd31e9f0ce26583cd37be6bf8aeb33590c90fb5a0cc91ced5d8e690f2077')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -13,7 +13,7 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:10969c1c099b6b73d00e3e9def489fe484c104cdb15b9ce3d7db6f404d89e870
+-- checksum: sha256:d1c700f0693158ed7016930510fad467b251c03697067dac5644e0df5d1df377
 -- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
 
 DO $cdcsync$
@@ -70,6 +70,9 @@ BEGIN
     END IF;
     IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
     END IF;
     IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
         ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
@@ -266,5 +269,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:10969c1c099b6b73d00e3e9def489fe484c104cdb15b9ce3d7db6f404d89e870')
+VALUES ('shop', '0001_init.sql', 'sha256:d1c700f0693158ed7016930510fad467b251c03697067dac5644e0df5d1df377')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
