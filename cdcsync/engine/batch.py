@@ -24,6 +24,7 @@ from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
 
@@ -36,8 +37,10 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink
-"""Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
+BatchSink = PostgresUpsertSink | ClickHouseTableSink | DeltaTableSink
+"""Driver side of a sink: ``ledger_key``, ``prepare``, then ``stage_writer`` and ``merge`` (executors write), or
+``merge_changes`` (a Delta sink: the driver's MERGE reads the batch's DataFrame, see :mod:`cdcsync.engine.graph`)."""
+ExecutorSink = PostgresUpsertSink | ClickHouseTableSink
 
 
 class ExecutorWriter(Protocol):
@@ -180,14 +183,21 @@ def stage(
     return staged
 
 
-def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+def executor_sinks(sinks: dict[str, BatchSink]) -> dict[str, ExecutorSink]:
+    """The sinks the executors write; a source with Delta sinks takes the graph path, which lands those itself."""
+    executor = {sink_id: sink for sink_id, sink in sinks.items() if not isinstance(sink, DeltaTableSink)}
+    assert len(executor) == len(sinks), "Delta sinks are landed by land_graph_batch"
+    return executor
+
+
+def writer_for(sink: ExecutorSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
     if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
         return sink.stage_writer(batch_id, checkpoint_id)
     return sink.stage_writer(batch_id)
 
 
 def merge_all(
-    pending: dict[str, BatchSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
+    pending: dict[str, ExecutorSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
 ) -> dict[str, SinkOutcome]:
     """Each sink's driver-side merge and ledger row, in its own transaction."""
     outcome: dict[str, SinkOutcome] = {}
@@ -216,16 +226,17 @@ def land_batch(
     if not pending and (sinks or isinstance(decode, DecodeTask)):
         return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
     started = time.monotonic()
-    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
+    written = executor_sinks(pending)
+    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values())
     task: StageTask | RoutedStageTask
     if isinstance(decode, TopicDecoders):
-        topics = tuple(_routed_topic(sink) for sink in pending.values())
+        topics = tuple(_routed_topic(sink) for sink in written.values())
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(written, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
-    outcome.update(merge_all(pending, keys, staged))
+    outcome.update(merge_all(written, keys, staged))
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
         batch_id,
@@ -236,7 +247,7 @@ def land_batch(
     return outcome
 
 
-def _routed_topic(sink: BatchSink) -> str:
+def _routed_topic(sink: ExecutorSink) -> str:
     """The topic whose table a sink of a ``topic_pattern`` source lands."""
     routed = sink.sink
     assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"

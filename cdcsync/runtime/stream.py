@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.pipeline import (
+    ClickHouseSink,
+    DeltaSink,
+    KafkaSource,
+    Pipeline,
+    SchemaLookup,
+    SinkModel,
+    SourceSchema,
+    TopicSchemas,
+)
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
@@ -47,6 +56,7 @@ from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
@@ -347,7 +357,7 @@ class PipelineRunner:
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
             sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
+                sid: _target_name(s)
                 for handler in self.handlers.values()
                 for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
             },
@@ -412,11 +422,15 @@ class PipelineRunner:
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        sinks = build_sinks(self.pipeline, source_id, self.settings)
+        for sink in sinks.values():
+            if isinstance(sink, DeltaTableSink):  # its table is read through Spark, so checked only now
+                sink.check_table(spark)
         handler = BatchHandler(
             self.pipeline,
             source_id,
             source,
-            build_sinks(self.pipeline, source_id, self.settings),
+            sinks,
             self.settings.postgres_dsn,
             checkpoint_dir,
             spark.sparkContext,
@@ -489,6 +503,12 @@ class PipelineRunner:
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
 
 
+def _target_name(sink: SinkModel) -> str:
+    if isinstance(sink, DeltaSink):
+        return sink.target_name
+    return f"{sink.database if isinstance(sink, ClickHouseSink) else sink.schema_}.{sink.table}"
+
+
 def retry_budget(settings: Settings | None) -> RetryBudget:
     """The budget ``CDCSYNC__RETRY__BUDGET_S`` sets (the default without settings)."""
     return RetryBudget() if settings is None else RetryBudget(seconds=settings.retry.budget_s)
@@ -502,6 +522,8 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
             sinks[sink_id] = ClickHouseTableSink(
                 pipeline, sink_id, sink, settings.postgres_dsn, settings.clickhouse_url
             )
+        elif isinstance(sink, DeltaSink):
+            sinks[sink_id] = DeltaTableSink(pipeline, sink_id, sink, settings.postgres_dsn)
         else:
             sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
     return sinks
@@ -509,8 +531,10 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
-    sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
-    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
+    sinks = pipeline.sinks_of(source_id)
+    sink_inputs = {sink_id: sink.from_ for sink_id, sink in sinks.items()}
+    frames = any(isinstance(sink, DeltaSink) for sink in sinks.values())
+    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn, frames=frames)
 
 
 def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
