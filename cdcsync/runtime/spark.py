@@ -48,6 +48,9 @@ DELTA_SPARK_CONF: dict[str, str] = {
     # sinks; its jars are on the classpath beside the Kafka connector (cdcsync.runtime.jars).
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta rebuilds a table's state from its log in this many tasks (default 50): small, like the shuffles above;
+    # a table of many thousands of files may want more (CDCSYNC__SPARK__CONF__...).
+    "spark.databricks.delta.snapshotPartitions": "4",
 }
 
 

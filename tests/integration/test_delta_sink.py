@@ -165,7 +165,9 @@ def test_history_keeps_every_version_in_order_whatever_the_arrival(
 def test_placeholders_keep_the_stored_or_an_earlier_value(spark: Any, lake: Pipeline, postgres_dsn: str) -> None:
     mirror = sink(lake, "hard", postgres_dsn)
     land(spark, mirror, 0, [change("c", 1, 10, "stored"), change("c", 2, 11, "two")])
-    land(spark, mirror, 1, [change("u", 1, 20, PLACEHOLDER), change("u", 2, 21, "set"), change("u", 2, 22, PLACEHOLDER)])
+    land(
+        spark, mirror, 1, [change("u", 1, 20, PLACEHOLDER), change("u", 2, 21, "set"), change("u", 2, 22, PLACEHOLDER)]
+    )
     assert {k: r["Name"] for k, r in table(spark, mirror).items()} == {1: "stored", 2: "set"}
 
 

@@ -73,7 +73,9 @@ def test_added_columns_may_not_clash_and_two_sinks_not_share_a_path() -> None:
     raw["sinks"]["twin"] = dict(raw["sinks"]["lake"])
     with pytest.raises(ConfigError) as raised:
         validate_pipeline_dict(raw)
-    assert any("sinks.twin.path: delta./lake/orders is already the target of sink 'lake'" in p for p in raised.value.problems)
+    assert any(
+        "sinks.twin.path: delta./lake/orders is already the target of sink 'lake'" in p for p in raised.value.problems
+    )
 
 
 def test_spark_sql_quoting() -> None:
