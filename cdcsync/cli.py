@@ -180,7 +180,7 @@ def migrate(
 ) -> None:
     """Apply pending migrations to Postgres and, for ClickHouse and Delta sinks, to ClickHouse and Delta tables.
 
-    For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
+    For development and demos; a DBA may apply the same files with psql / clickhouse-client / spark-sql instead.
     """
     from contextlib import ExitStack
 
