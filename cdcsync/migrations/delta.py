@@ -235,12 +235,22 @@ def _already_added(error: Exception) -> bool:
 
 @contextmanager
 def _connect(settings: Settings) -> Iterator[DeltaConnection]:
-    from pyspark.sql import SparkSession
-
     from cdcsync.db.postgres import connect_from_settings
 
     with connect_from_settings(settings) as conn:
-        yield DeltaConnection(conn, SparkSession.getActiveSession())
+        yield DeltaConnection(conn, _running_session())
+
+
+def _running_session() -> Any:
+    """The Spark session this process runs (``cdcsync migrate`` starts one first; ``schema_evolution: auto`` runs
+    inside ``cdcsync run``'s, on a thread of its own where none is active); None when Spark is not running."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is None and SparkContext._active_spark_context is not None:
+        session = SparkSession.builder.getOrCreate()  # the running context's session, with its configuration
+    return session
 
 
 DELTA = DeltaTarget()
