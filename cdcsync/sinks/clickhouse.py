@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync import migrations
 from cdcsync.config import clickhouse_types, toast
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
-from cdcsync.core.errors import MigrationError, SinkError
+from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.ledger import LedgeredSink
@@ -231,6 +231,7 @@ class ClickHouseWriter:
                     values[index] = stored[source[key]][name]
             table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
         return table
+
     def _stored(self, client: Any, rows: pa.Table) -> list[tuple[int, Any]]:
         """(position in ``rows``, newest version + 1) of the keys whose newest row is live."""
         keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
@@ -371,18 +372,7 @@ class ClickHouseTableSink(LedgeredSink):
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the Postgres ledger already holds this batch with the same offset ranges (it landed before)."""
-        import psycopg
-
-        from cdcsync.db.retry import classify_postgres_error
-
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return not self.landed(conn, ledger_key)
-        except psycopg.Error as error:
-            raise SinkError(
-                f"preparing batch {ledger_key['batch_id']}: {first_line(error)}",
-                retriable=classify_postgres_error(error),
-            ).add_context(self.label) from None
+        return self.not_landed(ledger_key)
 
     def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> ClickHouseWriter:
         return ClickHouseWriter(
@@ -407,21 +397,7 @@ class ClickHouseTableSink(LedgeredSink):
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
         """Record the batch (its inserts are done) in the ledger; None if another attempt recorded it first."""
-        import psycopg
-
-        from cdcsync.db.retry import classify_postgres_error
-
-        try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
-                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
-                    return None
-                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_staged})
-        except psycopg.Error as error:
-            raise SinkError(
-                f"recording batch {ledger_key['batch_id']} in the ledger: {first_line(error)}",
-                retriable=classify_postgres_error(error),
-            ).add_context(self.label) from None
-        return rows_staged
+        return rows_staged if self.record_landed(ledger_key, rows_staged) else None
 
     # -- startup check ----------------------------------------------------------------------------------------
     def check_table(self, client: Any) -> None:

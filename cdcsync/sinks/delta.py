@@ -79,19 +79,9 @@ class DeltaTableSink(LedgeredSink):
     def target_name(self) -> str:
         return delta_table_ref(self.location)
 
-    @property
-    def label(self) -> str:
-        return f"sink '{self.sink_id}'"
-
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the Postgres ledger already holds this batch with the same offset ranges."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return not self.landed(conn, ledger_key)
-        except psycopg.Error as error:
-            raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
+        return self.not_landed(ledger_key)
 
     def app_id(self, checkpoint_id: str, table: str = "") -> str:
         """The ``txnAppId`` of this sink's commits for one checkpoint (a reset checkpoint starts a new one)."""
@@ -101,8 +91,6 @@ class DeltaTableSink(LedgeredSink):
     def merge_changes(self, ledger_key: dict[str, Any], changes: DataFrame) -> int | None:
         """MERGE one batch's changes (decoded rows, business and ``_cdc_*`` columns) and record it in the ledger;
         the rows the MERGE touched, or None when another attempt recorded the batch first."""
-        import psycopg
-
         batch_id = ledger_key["batch_id"]
         spark = changes.sparkSession
         rows = self._changes(changes)
@@ -115,14 +103,7 @@ class DeltaTableSink(LedgeredSink):
             raise
         except Exception as error:  # Spark's and Delta's errors: py4j or pyspark exceptions
             raise self._spark_error(f"merging batch {batch_id} into {self.target_name}", error) from None
-        try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
-                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
-                    return None
-                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
-        except psycopg.Error as error:
-            raise self._error(f"recording batch {batch_id} in the ledger", error) from None
-        return merged
+        return merged if self.record_landed(ledger_key, merged) else None
 
     # -- the batch's rows -----------------------------------------------------------------------------------
     def _changes(self, changes: DataFrame) -> DataFrame:

@@ -147,8 +147,8 @@ def comment_text(value: object) -> str:
     return "".join(out)
 
 
-def ch_quote_ident(name: object) -> str:
-    """Quote a ClickHouse identifier with backticks; ``\\`` and ````` are escaped with a backslash."""
+def _identifier(name: object) -> str:
+    """``name`` checked to be a usable identifier (a non-empty string without NUL)."""
     _require_defined(name)
     if not isinstance(name, str):
         raise TypeError(f"an identifier must be a string, got {type(name).__name__}")
@@ -156,7 +156,12 @@ def ch_quote_ident(name: object) -> str:
         raise ConfigError("an empty identifier cannot be used in SQL")
     if "\x00" in name:
         raise ConfigError(f"identifier {name!r} contains a NUL character")
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+    return name
+
+
+def ch_quote_ident(name: object) -> str:
+    """Quote a ClickHouse identifier with backticks; ``\\`` and ````` are escaped with a backslash."""
+    return "`" + _identifier(name).replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 def ch_quote_qualified(database: object, name: object) -> str:
@@ -189,14 +194,7 @@ def ch_setting_value(value: object) -> str:
 
 def spark_quote_ident(name: object) -> str:
     """Quote a Spark SQL identifier with backticks, embedded backticks doubled."""
-    _require_defined(name)
-    if not isinstance(name, str):
-        raise TypeError(f"an identifier must be a string, got {type(name).__name__}")
-    if name == "":
-        raise ConfigError("an empty identifier cannot be used in SQL")
-    if "\x00" in name:
-        raise ConfigError(f"identifier {name!r} contains a NUL character")
-    return "`" + name.replace("`", "``") + "`"
+    return "`" + _identifier(name).replace("`", "``") + "`"
 
 
 def spark_quote_columns(names: Iterable[object]) -> str:
