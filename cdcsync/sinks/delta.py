@@ -116,15 +116,14 @@ class DeltaTableSink(LedgeredSink):
         order = [F.col("_cdc_version").asc()]
         if "_cdc_offset" in changes.columns:
             order.append(F.col("_cdc_offset").asc())
-        keep = [*self.columns, "_cdc_op", "_cdc_version", "_cdc_ts"]
-        if not self.carried:
-            return rows.select(*keep, *(["_cdc_offset"] if "_cdc_offset" in changes.columns else []))
         window = Window.partitionBy(*self.primary_key).orderBy(*order).rowsBetween(Window.unboundedPreceding, 0)
         for name in self.carried:
             holds = F.col(name) == F.lit(self.placeholders[name])
+            # The newest older value that is not the placeholder (NULL included: a struct keeps it apart).
             known = F.last(F.when(~holds | F.col(name).isNull(), F.struct(F.col(name).alias("v"))), True).over(window)
             rows = rows.withColumn(name, F.when(holds & known.isNotNull(), known["v"]).otherwise(F.col(name)))
-        return rows
+        keep = [*self.columns, "_cdc_op", "_cdc_version", "_cdc_ts"]
+        return rows.select(*keep, *(["_cdc_offset"] if "_cdc_offset" in changes.columns else []))
 
     def _newest_per_key(self, rows: DataFrame) -> DataFrame:
         from pyspark.sql import Window
