@@ -44,6 +44,7 @@ from cdcsync.config.toast import PLACEHOLDER_BY_KIND
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations import delta as delta_migrations
+from cdcsync.migrations.target import column_problems
 from cdcsync.sql.render import delta_table_ref, render
 
 if TYPE_CHECKING:
@@ -252,14 +253,7 @@ def check_table(spark: SparkSession, sink_id: str, where: dict[str, str], column
             f"sink '{sink_id}': Delta table {name} cannot be read: {text}",
             hint="run: cdcsync migrate PIPELINE.yaml (it creates the table)",
         ) from None
-    problems = []
-    for column in columns:
-        if column["name"] not in actual:
-            problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
-        elif actual[column["name"]] != column["type"]:
-            problems.append(
-                f"its column {column['name']} is {actual[column['name']]}, the pipeline needs {column['type']}"
-            )
+    problems = column_problems(columns, actual)
     if problems:
         raise MigrationError(
             f"sink '{sink_id}': Delta table {name} does not match the pipeline: " + "; ".join(problems),
