@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 def pipeline(topic: str, lake: str) -> dict[str, Any]:
     source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(COLUMNS)}
-    source["max_offsets_per_trigger"] = 60  # several batches, so the kill lands mid-stream
+    source["max_offsets_per_trigger"] = 150  # a few batches, so the kill lands mid-stream
     return {
         "name": "lake",
         "sources": {TABLE: source},
@@ -54,7 +54,7 @@ def test_debezium_into_delta_survives_a_sigkill_and_equals_the_source(
     workload = Workload(source.dsn, seed=11)
     workload.run(10)
     source.capture(f"public.{TABLE}")
-    workload.run(150)  # inserts, updates, key changes and deletes, in transactions
+    workload.run(100)  # inserts, updates, key changes and deletes, in transactions
     source.wait_caught_up()
 
     lake = str(tmp_path / "lake")
