@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-lookup bench-peer bench-latency compose-check install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency compose-check install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,9 @@ bench-aggregate: jars
 
 bench-clickhouse: jars
 	$(BIN)/python benchmarks/clickhouse.py
+
+bench-delta: jars
+	$(BIN)/python benchmarks/delta.py
 
 bench-lookup: jars
 	$(BIN)/python benchmarks/lookup.py

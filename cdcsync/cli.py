@@ -179,9 +179,9 @@ def migrate(
     migrations_dir: MigrationsDirOpt = None,
     status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
 ) -> None:
-    """Apply pending migrations to Postgres and, for ClickHouse sinks, to ClickHouse.
+    """Apply pending migrations to Postgres and, for ClickHouse and Delta sinks, to ClickHouse and Delta tables.
 
-    For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
+    For development and demos; a DBA may apply the same files with psql / clickhouse-client / spark-sql instead.
     """
     from contextlib import ExitStack
 
@@ -191,6 +191,11 @@ def migrate(
     pipeline = _pipeline(pipeline_file, settings)
     with ExitStack() as stack:
         targets = [t for t in migrations.TARGETS if t.used_by(pipeline)]
+        if not status and migrations.DELTA in targets:  # Delta's DDL runs on Spark (its ledger is in Postgres)
+            from cdcsync.runtime.spark import build_spark_session
+
+            err.print(f"starting Spark to apply the Delta migrations of pipeline '{pipeline.name}' …", highlight=False)
+            stack.callback(build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}-migrate").stop)
         connections = [(target, stack.enter_context(target.connect(settings))) for target in targets]
         if status:
             table = Table("migration", "state")
@@ -231,6 +236,15 @@ def _check_targets(pipeline: Pipeline, settings: Settings, pipeline_file: Path) 
             pipeline_file=pipeline_file,
             pipeline=pipeline,
         )
+        if migrations.DELTA.used_by(pipeline):  # their ledger is in Postgres; the tables are checked once Spark runs
+            migrations.check_ready(
+                migrations.DELTA,
+                migrations.delta.DeltaConnection(conn, None),
+                pipeline.name,
+                settings.migrations_dir,
+                pipeline_file=pipeline_file,
+                pipeline=pipeline,
+            )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
 
@@ -337,7 +351,9 @@ def status(
     for sink in report.sinks:
         committed = sink.committed_at.strftime("%Y-%m-%d %H:%M:%S %Z") if sink.committed_at else "-"
         last_batch = "-" if sink.last_batch is None else str(sink.last_batch)
-        sinks.add_row(Text(sink.sink), Text(sink.target), last_batch, committed, f"{sink.rows:,}")
+        target = sink.target if sink.version is None else f"{sink.target} (version {sink.version})"
+        rows = "-" if sink.rows < 0 else f"{sink.rows:,}"
+        sinks.add_row(Text(sink.sink), Text(target), last_batch, committed, rows)
     out.print(sinks)
     if report.dead_letters:
         out.print(

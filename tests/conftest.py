@@ -448,19 +448,28 @@ def debezium_source(
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local SparkSession with cdcsync's defaults (ANSI mode, UTC), no connectors: for tests of generated Spark
-    SQL over small DataFrames. One per test session; starting the JVM is the slow part."""
+    """A local SparkSession with cdcsync's defaults (ANSI mode, UTC) and its jars (Kafka connector, Delta Lake):
+    for tests of generated Spark SQL over small DataFrames and of Delta sinks. One per test session; starting the
+    JVM is the slow part."""
     import sys
 
     from pyspark.sql import SparkSession
 
     from cdcsync.runtime.cds import driver_java_options
-    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
+    from cdcsync.runtime.jars import spark_jars_conf
+    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF, DELTA_SPARK_CONF
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("cdcsync-tests")
     java_options = f"{driver_java_options(True)} {TEST_SPARK_CONF['spark.driver.extraJavaOptions']}".strip()
-    conf = {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g", **TEST_SPARK_CONF, "spark.driver.extraJavaOptions": java_options}
+    conf = {
+        **DEFAULT_SPARK_CONF,
+        **spark_jars_conf(),
+        **DELTA_SPARK_CONF,
+        "spark.driver.memory": "1g",
+        **TEST_SPARK_CONF,
+        "spark.driver.extraJavaOptions": java_options,
+    }
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -19,6 +19,7 @@ from cdcsync.config.pipeline import (
     POSTGRES_MAX_IDENTIFIER,
     RESERVED_COLUMNS,
     ClickHouseSink,
+    DeltaSink,
     KafkaSource,
     PostgresAggregateSink,
     PostgresSink,
@@ -165,6 +166,8 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
     where = yaml_path("sinks", sink_id)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_names(where, sink, problems)
+    elif isinstance(sink, DeltaSink):
+        pass  # its location is checked by the model; its columns below
     elif isinstance(sink, PostgresAggregateSink):
         check_identifier(f"{where}.schema", sink.schema_, problems)
         check_identifier(f"{where}.landing_table", sink.landing_table, problems)
@@ -203,6 +206,9 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
         problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, columns, described).problems)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_columns(where, sink, columns, described, key, problems)
+    if isinstance(sink, DeltaSink):
+        _check_delta_columns(where, sink, columns, described, problems)
+        return  # no staging tables in Postgres
     if isinstance(sink, RoutedPostgresSink | RoutedClickHouseSink):
         return  # its internal tables have bounded names
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
@@ -263,6 +269,27 @@ def _check_clickhouse_columns(
             )
 
 
+DELTA_ADDED_COLUMNS = ("_cdc_op", "_cdc_version", "_cdc_ts", "_cdc_deleted", "_valid_from", "_valid_to", "_is_current")
+"""Columns cdcsync adds to Delta tables (:mod:`cdcsync.sinks.delta`)."""
+
+
+def _check_delta_columns(
+    where: str, sink: DeltaSink, types: dict[str, PgType], described: str, problems: list[str]
+) -> None:
+    for column in sink.partition_by:
+        if column not in types:
+            problems.append(
+                f"{where}.partition_by: column '{column}' is not in {described}{did_you_mean(column, list(types))}"
+            )
+    if len(set(sink.partition_by)) != len(sink.partition_by):
+        problems.append(f"{where}.partition_by: a column is listed twice")
+    for name in DELTA_ADDED_COLUMNS:
+        if name in types:
+            problems.append(
+                f"{where}: column '{name}' of {described} clashes with a column cdcsync adds to Delta tables"
+            )
+
+
 def parses(type_text: str) -> bool:
     try:
         parse_pg_type(type_text)
@@ -271,10 +298,12 @@ def parses(type_text: str) -> bool:
     return True
 
 
-def _target_tables(sink: PostgresSink | PostgresAggregateSink | ClickHouseSink) -> list[tuple[str, str]]:
+def _target_tables(sink: PostgresSink | PostgresAggregateSink | ClickHouseSink | DeltaSink) -> list[tuple[str, str]]:
     """(YAML key, table name) of every table in ``sink.schema`` the sink owns."""
     if isinstance(sink, ClickHouseSink):
         return [("table", sink.table)] + ([("view", sink.view_name)] if sink.view_name else [])
+    if isinstance(sink, DeltaSink):
+        return [("path", sink.path)] if sink.path is not None else [("table", sink.table or "")]
     if isinstance(sink, PostgresAggregateSink):
         return [("landing_table", sink.landing_table), ("agg_table", sink.agg_table)]
     return [("table", sink.table)]
@@ -308,7 +337,12 @@ def check_sinks(
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
         if isinstance(sink, OperatorSink | PluginSink):
             continue  # owns no table
-        kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
+        if isinstance(sink, DeltaSink):
+            kind, namespace = "delta", "delta"
+        elif isinstance(sink, ClickHouseSink):
+            kind, namespace = "clickhouse", sink.database
+        else:
+            kind, namespace = "pg", sink.schema_
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:
                 owner = seen_tables[(kind, namespace, table)]

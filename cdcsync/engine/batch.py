@@ -26,6 +26,7 @@ from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks import key_moves
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -41,8 +42,12 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
-"""Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
+BatchSink = (
+    PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink | DeltaTableSink
+)
+"""Driver side of a sink: ``ledger_key``, ``prepare``, then ``stage_writer`` and ``merge`` (executors write), or
+``merge_changes`` (a Delta sink: the driver's MERGE reads the batch's DataFrame, see :mod:`cdcsync.engine.graph`)."""
+ExecutorSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
 
 
 class ExecutorWriter(Protocol):
@@ -198,7 +203,14 @@ class WithoutKeyMoves:
         return self.writer.stage(key_moves.split(table)[1])
 
 
-def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+def executor_sinks(sinks: dict[str, BatchSink]) -> dict[str, ExecutorSink]:
+    """The sinks the executors write; a source with Delta sinks takes the graph path, which lands those itself."""
+    executor = {sink_id: sink for sink_id, sink in sinks.items() if not isinstance(sink, DeltaTableSink)}
+    assert len(executor) == len(sinks), "Delta sinks are landed by land_graph_batch"
+    return executor
+
+
+def writer_for(sink: ExecutorSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
     """The executor side of ``sink`` for this batch, running the plugin transforms it reads first, if any."""
     writer: ExecutorWriter
     if isinstance(sink, PostgresUpsertSink):
@@ -212,7 +224,7 @@ def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWr
 
 
 def merge_all(
-    pending: dict[str, BatchSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
+    pending: dict[str, ExecutorSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
 ) -> dict[str, SinkOutcome]:
     """Each sink's driver-side merge and ledger row, in its own transaction."""
     outcome: dict[str, SinkOutcome] = {}
@@ -247,16 +259,17 @@ def land_batch(
     if not pending and (sinks or isinstance(decode, DecodeTask)):
         return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
     started = time.monotonic()
-    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
+    written = executor_sinks(pending)
+    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values())
     task: StageTask | RoutedStageTask
     if isinstance(decode, TopicDecoders):
-        topics = tuple(_routed_topic(sink) for sink in pending.values())
+        topics = tuple(_routed_topic(sink) for sink in written.values())
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(written, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
-    outcome.update(merge_all(pending, keys, staged))
+    outcome.update(merge_all(written, keys, staged))
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
         batch_id,
@@ -267,7 +280,7 @@ def land_batch(
     return outcome
 
 
-def _routed_topic(sink: BatchSink) -> str:
+def _routed_topic(sink: ExecutorSink) -> str:
     """The topic whose table a sink of a ``topic_pattern`` source lands."""
     routed = sink.sink
     assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
@@ -286,7 +299,8 @@ def land_rows(
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, None)
     if not pending:
         return outcome
-    task = StageRowsTask(tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values()))
-    staged = dict(zip(pending, stage(rows, task, batch_id, pipeline_file), strict=True))
-    outcome.update(merge_all(pending, keys, staged))
+    written = executor_sinks(pending)
+    task = StageRowsTask(tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values()))
+    staged = dict(zip(written, stage(rows, task, batch_id, pipeline_file), strict=True))
+    outcome.update(merge_all(written, keys, staged))
     return outcome

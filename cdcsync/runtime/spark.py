@@ -1,4 +1,5 @@
-"""The SparkSession cdcsync runs on: the Kafka connector on the classpath, UTC, quiet logs, small shuffles.
+"""The SparkSession cdcsync runs on: the Kafka connector and Delta Lake on the classpath, UTC, quiet logs, small
+shuffles.
 
 The connector is resolved with Ivy into the cdcsync cache before Spark starts and handed to Spark as local jars
 (:func:`cdcsync.runtime.jars.spark_jars_conf`), so after the first run (or ``make jars``) no network is needed
@@ -42,6 +43,17 @@ DEFAULT_SPARK_CONF: dict[str, str] = {
 }
 
 
+DELTA_SPARK_CONF: dict[str, str] = {
+    # Delta Lake's SQL (MERGE, DESCRIBE HISTORY, CREATE TABLE delta.`path`) and its catalog, for ``type: delta``
+    # sinks; its jars are on the classpath beside the Kafka connector (cdcsync.runtime.jars).
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta rebuilds a table's state from its log in this many tasks (default 50): small, like the shuffles above;
+    # a table of many thousands of files may want more (CDCSYNC__SPARK__CONF__...).
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+
+
 def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     """Start (or reuse) the SparkSession with the Kafka connector on the classpath."""
     try:
@@ -55,7 +67,7 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     # Resolves into the cdcsync cache unless already there (then no Java is started): a connector that cannot be
     # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
-    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **settings.spark.conf}
+    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **DELTA_SPARK_CONF, **settings.spark.conf}
     java_options = [
         f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}",
         driver_java_options(settings.spark.class_data_sharing),

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from cdcsync.config.operators import OperatorSink, WebhookSink
-from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
+from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.plugins import PluginSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
@@ -42,6 +42,8 @@ class SinkStatus:
     last_batch: int | None
     committed_at: datetime | None
     rows: int
+    version: int | None = None
+    """A Delta table's version (its newest commit); None for other targets."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,9 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
                 if isinstance(sink, OperatorSink | PluginSink):
                     sinks.append(_operator_status(conn, pipeline.name, sink_id, sink))
                     continue
+                if isinstance(sink, DeltaSink):
+                    sinks.append(_delta_status(conn, pipeline, sink_id, sink))
+                    continue
                 last = conn.execute(
                     render("postgres/runtime/ledger_last_batch.sql.j2"),
                     {"pipeline": pipeline.name, "sink": sink_id},
@@ -175,6 +180,27 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
         ) from None
     messages, keys = (int(dead[0]), int(dead[1])) if dead else (0, 0)
     return PipelineStatus(partitions, sinks, messages, keys, running)
+
+
+def _delta_status(conn: Any, pipeline: Pipeline, sink_id: str, sink: DeltaSink) -> SinkStatus:
+    """Last batch from the Postgres ledger; version and live rows from the table's own log (no Spark started). A
+    catalog table, or one whose log is not on a local path, shows rows -1 and no version."""
+    from cdcsync.sinks.delta import table_summary
+
+    last = conn.execute(
+        render("postgres/runtime/ledger_last_batch.sql.j2"), {"pipeline": pipeline.name, "sink": sink_id}
+    ).fetchone()
+    summary = (
+        table_summary(sink.path) if sink.path is not None and "://" not in sink.path.removeprefix("file://") else None
+    )
+    return SinkStatus(
+        sink_id,
+        sink.target_name,
+        last[0] if last else None,
+        last[1] if last else None,
+        summary[1] if summary else -1,
+        summary[0] if summary else None,
+    )
 
 
 def _clickhouse_status(

@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.pipeline import (
+    ClickHouseSink,
+    DeltaSink,
+    KafkaSource,
+    Pipeline,
+    SchemaLookup,
+    SourceSchema,
+    TopicSchemas,
+)
 from cdcsync.config.plugins import PluginSink
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
@@ -53,6 +61,7 @@ from cdcsync.runtime.lock import PipelineLock
 from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -500,11 +509,15 @@ class PipelineRunner:
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        sinks = build_sinks(self.pipeline, source_id, self.settings)
+        for sink in sinks.values():
+            if isinstance(sink, DeltaTableSink):  # its table is read through Spark, so checked only now
+                sink.check_table(spark)
         handler = BatchHandler(
             self.pipeline,
             source_id,
             source,
-            build_sinks(self.pipeline, source_id, self.settings),
+            sinks,
             self.settings.postgres_dsn,
             checkpoint_dir,
             spark.sparkContext,
@@ -602,6 +615,8 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
     for sink_id, sink in pipeline.sinks_of(source_id).items():
         if isinstance(sink, ClickHouseSink):
             sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
+        elif isinstance(sink, DeltaSink):
+            sinks[sink_id] = DeltaTableSink(pipeline, sink_id, sink, dsn)
         elif isinstance(sink, PrintSink | BlackholeSink):
             sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
         elif isinstance(sink, WebhookSink):
@@ -617,8 +632,10 @@ def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | N
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
     # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
     # sink's own executor pass (cdcsync.transforms.plugins).
-    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in pipeline.sinks_of(source_id).items()}
-    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
+    sinks = pipeline.sinks_of(source_id)
+    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in sinks.items()}
+    frames = any(isinstance(sink, DeltaSink) for sink in sinks.values())
+    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn, frames=frames)
 
 
 def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:

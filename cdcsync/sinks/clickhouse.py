@@ -42,6 +42,7 @@ from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.migrations.clickhouse import sink_state, table_columns
+from cdcsync.migrations.target import column_problems
 from cdcsync.sinks import clickhouse_moves, key_moves, tombstones
 from cdcsync.sinks.clickhouse_values import fit_temporal_columns
 from cdcsync.sinks.recorded import RecordedSink
@@ -531,14 +532,7 @@ def check_table(client: Any, sink_id: str, state: dict[str, Any]) -> None:
     if actual_key != list(state["primary_key"]):
         wanted = ", ".join(state["primary_key"])
         problems.append(f"it is ORDER BY ({', '.join(actual_key)}), the pipeline's primary key is ({wanted})")
-    actual = {str(name): str(type_) for name, type_ in columns}
-    for column in table_columns(state):
-        if column["name"] not in actual:
-            problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
-        elif actual[column["name"]] != column["type"]:
-            problems.append(
-                f"its column {column['name']} is {actual[column['name']]}, the pipeline needs {column['type']}"
-            )
+    problems += column_problems(table_columns(state), {str(name): str(type_) for name, type_ in columns})
     if problems:
         raise MigrationError(f"{where} does not match the pipeline: " + "; ".join(problems), hint=hint)
 

@@ -79,7 +79,7 @@ def test_a_tarball_is_unpacked_once(tmp_path: Path) -> None:
     assert (target / "app-1.0-runner.jar").read_bytes() == b"kept"  # not extracted again
 
 
-def test_spark_gets_the_connector_as_local_jars_from_the_cdcsync_cache(
+def test_spark_gets_the_connector_and_delta_as_local_jars_from_the_cdcsync_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     resolved: list[tuple[list[Artifact], list[str], Path]] = []
@@ -93,5 +93,7 @@ def test_spark_gets_the_connector_as_local_jars_from_the_cdcsync_cache(
     home = tmp_path / "spark-ivy"
     assert conf == {"spark.jars": f"{home / 'a.jar'},{home / 'b.jar'}"}
     ((artifacts, exclusions, resolved_home),) = resolved
-    assert artifacts == [Artifact.parse(jars.spark_kafka_connector_coordinate())] and resolved_home == home
+    expected = [Artifact.parse(jars.spark_kafka_connector_coordinate()), Artifact.parse(jars.DELTA_COORDINATE)]
+    assert artifacts == expected and resolved_home == home
+    assert jars.DELTA_COORDINATE == "io.delta:delta-spark_2.13:4.4.0"
     assert "*:hadoop-client-runtime" in exclusions and "*:spark-core_2.13" in exclusions  # pyspark ships them
