@@ -111,8 +111,8 @@ def test_composite_keys_are_lists() -> None:
         ),
         (
             "sinks.orders_mirror.type",
-            "print",
-            "sinks.orders_mirror.type: 'print' is not available in this version",
+            "dynamic_table",
+            "sinks.orders_mirror.type: 'dynamic_table' is not available in this version",
         ),
         ("sinks.orders_mirror.table", ..., "sinks.orders_mirror.table: required key is missing"),
         (
