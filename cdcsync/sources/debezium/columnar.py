@@ -287,14 +287,17 @@ def _versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | Non
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     lsn = pc.if_else(by_lsn, source_lsn, lsn)
-    bad = pc.or_(pc.invert(pc.or_(read, by_lsn)), pc.equal(lsn, 0))
-    bad = pc.or_(bad, pc.and_(has_commit, pc.or_(pc.equal(commit, 0), pc.greater(commit, MAX_COMMIT))))
+    none, most = pa.scalar(0, pa.uint64()), pa.scalar(MAX_COMMIT, pa.uint64())
+    bad = pc.or_(pc.invert(pc.or_(read, by_lsn)), pc.equal(lsn, none))
+    bad = pc.or_(bad, pc.and_(has_commit, pc.or_(pc.equal(commit, none), pc.greater(commit, most))))
     # A snapshot read (not an incremental one) ranks at its last commit, else at S; see envelope.py.
     snapshot = pc.fill_null(pc.not_equal(pc.struct_field(source, "snapshot"), "incremental"), True)
     snapshot_read = pc.and_(pc.equal(op, "r"), snapshot)
     commit_or_lsn = pc.if_else(has_commit, commit, lsn)
     high = pc.if_else(snapshot_read, commit, commit_or_lsn)
-    low = pc.if_else(pc.and_(snapshot_read, has_commit), pa.scalar(0, pa.uint64()), lsn)
+    # An LSN in the commit's place can make the version wider than decimal(38,0): the row decoder's to report.
+    bad = pc.or_(bad, pc.greater(high, most))
+    low = pc.if_else(pc.and_(snapshot_read, has_commit), none, lsn)
     words = np.empty((len(op), 2), dtype="<u8")
     words[:, 0] = low.to_numpy(zero_copy_only=False)
     words[:, 1] = high.to_numpy(zero_copy_only=False)
