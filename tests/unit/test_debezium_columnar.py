@@ -77,9 +77,7 @@ def both_paths(spec: DecodeSpec, batch: pa.RecordBatch) -> tuple[list[dict[str, 
 
 def comparable(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     """The rows, timestamps as integers (a row may hold one outside Python's years)."""
-    columns = [
-        column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column for column in batch.columns
-    ]
+    columns = [column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column for column in batch.columns]
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pylist()
 
 
@@ -93,7 +91,9 @@ def b64(unscaled: int) -> str:
     return json.dumps(base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode())
 
 
-def pick(level: int, good: st.SearchStrategy[str], alone: Sequence[str], batch: Sequence[str]) -> st.SearchStrategy[str]:
+def pick(
+    level: int, good: st.SearchStrategy[str], alone: Sequence[str], batch: Sequence[str]
+) -> st.SearchStrategy[str]:
     """Mostly ``good`` values; at level 1 now and then one the batch path leaves to the row decoder ``alone``,
     at level 2 also one that sends the whole batch there."""
     odd = list(alone) + (list(batch) if level == 2 else [])
@@ -107,7 +107,9 @@ def ints(bits: int) -> st.SearchStrategy[str]:
 
 
 BAD_INTS = ["32768", "-32769", "2147483648", "9223372036854775808", "1.0", "1e3", "true", '"5"', "-0", "1.5"]
-TEXTS = st.one_of(st.text(max_size=8).map(lambda t: json.dumps(t, ensure_ascii=False)), st.text(max_size=4).map(json.dumps))
+TEXTS = st.one_of(
+    st.text(max_size=8).map(lambda t: json.dumps(t, ensure_ascii=False)), st.text(max_size=4).map(json.dumps)
+)
 BAD_TEXTS = ["5", "true", '{"x":1}', '"\\ud800"']
 NUMBERS = st.one_of(
     st.decimals(min_value=-(10**10), max_value=10**10, places=2, allow_nan=False).map(str),
@@ -200,7 +202,9 @@ BATCHES = st.tuples(st.booleans(), st.sampled_from([0, 1, 1, 2])).flatmap(
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(BATCHES)
-def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does(batch: list[tuple[bytes | None, bytes | None]]) -> None:
+def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does(
+    batch: list[tuple[bytes | None, bytes | None]],
+) -> None:
     both_paths(spec_of(COLUMNS), kafka_batch(batch))
 
 
@@ -250,7 +254,10 @@ def test_specs_and_shapes_the_batch_path_leaves_to_the_row_decoder() -> None:
     batch = workload.to_kafka_batch(events)
     columns = dict(workload.ORDERS_COLUMNS)
     # A column type it has no reader for, and no declared key: the row decoder's, with the same result.
-    for spec in (spec_of({**columns, "customer_id": "double precision"}), DecodeSpec("things", spec_of(columns).columns)):
+    for spec in (
+        spec_of({**columns, "customer_id": "double precision"}),
+        DecodeSpec("things", spec_of(columns).columns),
+    ):
         _, took = both_paths(spec, batch)
         assert not took
     # A truncate in the batch.

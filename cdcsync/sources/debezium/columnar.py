@@ -238,7 +238,9 @@ _a2b = binascii.a2b_base64
 _from_bytes = int.from_bytes
 
 
-def _connect_decimals_one_by_one(texts: list[Any], reader: ColumnReader, out_type: pa.DataType) -> tuple[pa.Array, pa.Array]:
+def _connect_decimals_one_by_one(
+    texts: list[Any], reader: ColumnReader, out_type: pa.DataType
+) -> tuple[pa.Array, pa.Array]:
     import pyarrow as pa
 
     limit = 10**reader.precision

@@ -155,9 +155,10 @@ def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | Non
         values = pc.binary_slice(values, split + 11, -1)
     elif pc.any(pc.starts_with(values, _WRAPPED_PREFIX.decode())).as_py():
         return None
-    elif pc.any(pc.match_substring(values, '"payload"')).as_py() or not pc.all(
-        pc.equal(pc.count_substring(values, '"schema"'), 1)
-    ).as_py():
+    elif (
+        pc.any(pc.match_substring(values, '"payload"')).as_py()
+        or not pc.all(pc.equal(pc.count_substring(values, '"schema"'), 1)).as_py()
+    ):
         # A top-level "schema" or "payload" key makes the row decoder read a wrapper; the one "schema" key
         # allowed is the source block's (the batch path checks that it is there).
         return None
