@@ -155,19 +155,17 @@ def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | Non
         values = pc.binary_slice(values, split + 11, -1)
     elif pc.any(pc.starts_with(values, _WRAPPED_PREFIX.decode())).as_py():
         return None
-    elif (
-        pc.any(pc.match_substring(values, '"payload"')).as_py()
-        or not pc.all(pc.equal(pc.count_substring(values, '"schema"'), 1)).as_py()
-    ):
-        # A top-level "schema" or "payload" key makes the row decoder read a wrapper; the one "schema" key
-        # allowed is the source block's (the batch path checks that it is there).
-        return None
     # Each payload one object, one per line: a line of Arrow's reader can then not hold parts of two messages
     # (JSON strings hold no raw newline), and one holding two objects shows in the row count.
     if not pc.all(pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))).as_py():
         return None
     lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values), b"\n")
-    return schema, lines[0].as_buffer()
+    text = lines[0].as_py()
+    # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
+    # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
+    if schema is None and (b'"payload"' in text or text.count(b'"schema"') != len(values)):
+        return None
+    return schema, pa.py_buffer(text)
 
 
 class JsonPlan(RowPlan):
