@@ -264,3 +264,20 @@ def test_specs_and_shapes_the_batch_path_leaves_to_the_row_decoder() -> None:
     truncate = json.dumps({"op": "t", "source": {"schema": "public", "sequence": '["1","2"]'}}).encode()
     _, took = both_paths(spec_of(columns), kafka_batch([(e.key, e.value) for e in events] + [(None, truncate)]))
     assert not took
+
+
+def test_deletes_of_key_changes_keep_their_key_move_rows_in_order() -> None:
+    """A delete with Debezium's new-key header goes to the row decoder, which adds its key-move row after it."""
+    events = workload.generate(300, 40, seed=11).events
+    batch = workload.to_kafka_batch(events)
+    new_keys = [
+        f'{{"id":{1000 + i}}}'.encode() if e.op == "d" and i % 2 else (b"not a key" if e.op == "d" else None)
+        for i, e in enumerate(events)
+    ]
+    batch = pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array(new_keys, pa.binary())], [*batch.schema.names, "new_key"]
+    )
+    rows, took = both_paths(spec_of(dict(workload.ORDERS_COLUMNS)), batch)
+    assert took
+    moves = [i for i, row in enumerate(rows) if row["_cdc_op"] not in ("c", "u", "d")]
+    assert moves and all(rows[i - 1]["_cdc_op"] == "d" and rows[i]["id"] >= 1000 for i in moves)
