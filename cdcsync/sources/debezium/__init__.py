@@ -9,6 +9,8 @@ The modules, in the order a message meets them:
   :mod:`.avro_registry` for writer schemas, :mod:`.avro_schema` for their names and Connect types, and
   :mod:`.avro_values` turning Avro values into what JsonConverter would have written): each reads its messages
   into Debezium payloads for the shared :mod:`.plan`, which runs a generated row decoder and builds the batches;
+* :mod:`.columnar`: the batch path of :mod:`.json`, which decodes a batch of common Debezium messages at once
+  with Arrow's JSON reader and ``pyarrow.compute``, and leaves anything it cannot read exactly to the row decoder;
 * :mod:`.envelope`: ``op``, the ``source`` block, the ``_cdc_*`` / ``_dlq_*`` columns, TOAST placeholders;
 * :mod:`.converters` (by declared type, and arrays), :mod:`.numbers`, :mod:`.temporal`, :mod:`.text`: one value
   into its column's type, sharing :mod:`.values`;

@@ -18,11 +18,15 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.reports import Report
+from cdcsync.sources.debezium.columnar import ColumnarJson
 from cdcsync.sources.debezium.connect import row_fields, schema_change_of
+from cdcsync.sources.debezium.envelope import NEW_KEY_COLUMN
 from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.values import Ctx, Reparse, describe_json, fast_loads
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from cdcsync.sources.debezium.spec import DecodeSpec
 
 _WRAPPED_PREFIX = b'{"schema":'
@@ -59,7 +63,20 @@ def _loads(raw: bytes, what: str) -> tuple[Any, str | None]:
 
 def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message (``raw`` starts with
-    ``_WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path.
+    ``_WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path."""
+    found = _wrapped_schema(raw)
+    if found is None:
+        return None
+    schema, split = found
+    try:
+        payload = fast_loads(raw[split + 11 : -1])
+    except Exception:
+        return None
+    return schema, payload
+
+
+def _wrapped_schema(raw: bytes) -> tuple[dict[str, Any], int] | None:
+    """(schema, where ``,"payload":`` starts) of a compact ``{"schema":...,"payload":...}`` message, or None.
 
     JsonConverter writes the schema first, byte-identical for every message of a table. A message that starts
     with the exact bytes of a schema seen before, followed by ``,"payload":``, has that schema (it is a complete
@@ -91,11 +108,7 @@ def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
         schema = cached
         _RECENT_SCHEMAS.insert(0, (raw[:split], schema))
         del _RECENT_SCHEMAS[_RECENT_SCHEMAS_SIZE:]
-    try:
-        payload = fast_loads(raw[split + 11 : -1])
-    except Exception:
-        return None
-    return schema, payload
+    return schema, split
 
 
 def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, Any]] | str:
@@ -113,12 +126,108 @@ def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, 
     return None, document
 
 
+def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | None:
+    """(the envelope schema or None, the messages' payloads one per line) when every message is a ``{...}``
+    payload with the same schema wrapper (byte for byte) or none, else None. The checks and the slicing run in
+    Arrow: no Python per message."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not len(values):
+        return None
+    if values.type != pa.binary():
+        try:
+            values = values.cast(pa.binary())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+    first = values[0].as_py()
+    schema = None
+    if first.startswith(_WRAPPED_PREFIX):
+        found = _wrapped_schema(first)
+        if found is None:
+            return None
+        schema, split = found
+        try:
+            prefix = first[: split + 11].decode()
+        except UnicodeDecodeError:
+            return None
+        if not pc.all(pc.and_(pc.starts_with(values, prefix), pc.ends_with(values, "}"))).as_py():
+            return None
+        values = pc.binary_slice(values, split + 11, -1)
+    elif pc.any(pc.starts_with(values, _WRAPPED_PREFIX.decode())).as_py():
+        return None
+    # Each payload one object, one per line: a line of Arrow's reader can then not hold parts of two messages
+    # (JSON strings hold no raw newline), and one holding two objects shows in the row count.
+    if not pc.all(pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))).as_py():
+        return None
+    lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values), b"\n")
+    text = lines[0].as_py()
+    # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
+    # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
+    if schema is None and (b'"payload"' in text or text.count(b'"schema"') != len(values)):
+        return None
+    return schema, pa.py_buffer(text)
+
+
 class JsonPlan(RowPlan):
     """The plan of a ``format: json`` source: JsonConverter messages and keys into the generated row decoder."""
 
-    def __init__(self, spec: DecodeSpec) -> None:
+    def __init__(self, spec: DecodeSpec, *, batch_path: bool = True) -> None:
+        """``batch_path=False`` decodes every message on its own (the tests compare the two paths)."""
         super().__init__(spec)
         self._schema_checks: dict[int, tuple[dict[str, Any], Report | None]] = {}
+        # The batch path needs the key in the row: without a declared key every message's key is read.
+        self._columnar = ColumnarJson(spec.columns, self.pk_index) if batch_path and self.pk_index is not None else None
+
+    # ---- a whole batch ---------------------------------------------------------------------------------------
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch path (:mod:`~cdcsync.sources.debezium.columnar`) where it applies, else message by message."""
+        if self._columnar is not None:
+            decoded = self._decode_columnar(batch)
+            if decoded is not None:
+                return decoded
+        return super()._decode_batch(batch)
+
+    def _decode_columnar(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """The batch's messages with a value decoded together, the rest (tombstones, the messages the batch path
+        leaves to the row decoder) message by message, in input order; None to decode it all message by message."""
+        assert self._columnar is not None
+        pa = self.pa
+        import pyarrow.compute as pc
+
+        value = batch.column(batch.schema.names.index("value"))
+        present = pc.is_valid(value)
+        changes = pc.indices_nonzero(present)
+        split = _payloads(value.filter(present))
+        if split is None:
+            return None
+        schema, payloads = split
+        if schema is not None and self.spec.detect_schema_changes and self._schema_change(schema) is not None:
+            return None
+
+        def kafka_micros() -> list[Any]:
+            return pa.array(self._kafka_micros(batch), pa.int64()).filter(present)
+
+        columns = self._columnar.decode(payloads, len(changes), schema, kafka_micros)
+        if columns is None:
+            return None
+        redo = columns.redo
+        if NEW_KEY_COLUMN in batch.schema.names:  # a key change's delete: the row decoder adds its key-move row
+            redo = pc.or_(redo, pc.is_valid(batch.column(batch.schema.names.index(NEW_KEY_COLUMN)).filter(present)))
+        keep = pc.invert(redo)
+        fast = changes.filter(keep)
+        arrays = [array.filter(keep) for array in columns.arrays] if redo.true_count else columns.arrays
+        arrays += self.kafka_columns(batch, fast) + self.no_dead_letters(len(fast))
+        decoded = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        if len(fast) == batch.num_rows:
+            return decoded
+        rows = pa.array(range(batch.num_rows), pa.int64())
+        slow = rows.filter(pc.invert(pc.is_in(rows, value_set=fast)))
+        rest, sources = self.decode_rows(batch.take(slow))
+        positions = pa.concat_arrays([fast.cast(pa.int64()), slow.take(pa.array(sources, pa.int64()))])
+        # sort_indices is stable: a delete stays before its key-move row (both from one message)
+        return pa.concat_batches([decoded, rest]).take(pc.sort_indices(positions))
 
     # ---- one message -----------------------------------------------------------------------------------------
 

@@ -232,6 +232,11 @@ class RowPlan:
                 gc.enable()
 
     def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return self.decode_rows(batch)[0]
+
+    def decode_rows(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[int]]:
+        """The batch decoded message by message, and the input row of each output row (a tombstone without a
+        key, or with one that does not give the primary key, yields none)."""
         pa = self.pa
         names = batch.schema.names
         values_in = batch.column(names.index("value")).to_pylist()
@@ -295,10 +300,7 @@ class RowPlan:
                     dead.append((row_index, f"decoder error: {type(error).__name__}: {error}"[:300]))
             dead.sort()
             arrays = self._arrays(rows)
-        take = pa.array(sources, type=pa.int64())
-        for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
-            taken = batch.column(names.index(column)).take(take)
-            arrays.append(taken if taken.type == arrow_type else taken.cast(arrow_type))
+        arrays += self.kafka_columns(batch, pa.array(sources, type=pa.int64()))
         if dead:
             reasons: list[str | None] = [None] * count
             reports: list[str | None] = [None] * count
@@ -316,11 +318,23 @@ class RowPlan:
             arrays.append(pa.array(dead_keys, type=pa.binary()))
             arrays.append(pa.array(dead_values, type=pa.binary()))
         else:
-            arrays.append(pa.nulls(count, type=pa.string()))
-            arrays.append(pa.nulls(count, type=pa.string()))
-            arrays.append(pa.nulls(count, type=pa.binary()))
-            arrays.append(pa.nulls(count, type=pa.binary()))
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+            arrays += self.no_dead_letters(count)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema), sources
+
+    def kafka_columns(self, batch: pa.RecordBatch, take: pa.Array) -> list[pa.Array]:
+        """``_cdc_topic``, ``_cdc_partition`` and ``_cdc_offset`` of the input rows ``take``."""
+        pa = self.pa
+        names = batch.schema.names
+        arrays = []
+        for column, arrow_type in (("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())):
+            taken = batch.column(names.index(column)).take(take)
+            arrays.append(taken if taken.type == arrow_type else taken.cast(arrow_type))
+        return arrays
+
+    def no_dead_letters(self, count: int) -> list[pa.Array]:
+        """The ``_dlq_*`` columns of ``count`` decoded rows: all null."""
+        pa = self.pa
+        return [pa.nulls(count, type=t) for t in (pa.string(), pa.string(), pa.binary(), pa.binary())]
 
     def _arrays(self, rows: list[list[Any]]) -> list[pa.Array]:
         columns: Any = zip(*rows, strict=True) if rows else ([] for _ in self.row_types)
