@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import CheckpointAheadError, SinkError
+from cdcsync.db.fence import MergeFence
 from cdcsync.db.retry import classify_postgres_error
 from cdcsync.sql.render import render
 
@@ -46,6 +47,8 @@ class LedgeredSink:
         self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
         self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
         self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
+        self.fence: MergeFence | None = None
+        """Set by the run that holds the pipeline's lock: each merge transaction passes it before writing."""
 
     @property
     def label(self) -> str:
@@ -81,6 +84,11 @@ class LedgeredSink:
                 hint=REWIND_HINT.format(pipeline_file=pipeline_file),
             )
         return False
+
+    def enter_fence(self, conn: Any) -> None:
+        """First in a merge transaction: go on only while this run owns the pipeline (:mod:`cdcsync.db.fence`)."""
+        if self.fence is not None:
+            self.fence.check(conn)
 
     def _error(self, doing: str, error: Exception) -> SinkError:
         """A Postgres failure as this sink's error: what it was doing, the first line of the cause, retriable

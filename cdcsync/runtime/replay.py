@@ -45,7 +45,7 @@ from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import land_batch
 from cdcsync.engine.graph import land_graph_batch
 from cdcsync.runtime.lock import PipelineLock
-from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, source_decoder
+from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, fence_sinks, source_decoder
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.kafka import DecodeTask
@@ -103,7 +103,7 @@ def replay_dead_letters(
             if applied:
                 if spark is None:
                     spark = start_spark()
-                _land(spark, pipeline, settings, source_id, specs, applied, pipeline_file)
+                _land(spark, pipeline, settings, source_id, specs, applied, pipeline_file, lock)
             settle_replayed(settings.postgres_dsn, pipeline.name, [x.id for x in applied], failing)
             result.applied = len(applied)
     return results
@@ -175,6 +175,7 @@ def _land(
     specs: dict[str, DecodeSpec],
     letters: list[DeadLetter],
     pipeline_file: str,
+    lock: PipelineLock,
 ) -> None:
     # One task reads them all, in Kafka order: each key's changes meet in one task, as in a streamed batch.
     raw = spark.createDataFrame(kafka_rows(letters)).coalesce(1)
@@ -183,6 +184,7 @@ def _land(
     decode = source_decoder(pipeline, source_id, specs, writer=None)  # they decoded on the driver: none fails now
     sinks = build_sinks(pipeline, source_id, settings)
     graph = build_graph(pipeline, source_id, settings.postgres_dsn)
+    fence_sinks(lock.fence, sinks, graph)  # a merge commits only while the replay holds the lock
     if graph is None:
         land = functools.partial(land_batch, raw, batch_id, checkpoint_id, decode, sinks, pipeline_file)
     else:

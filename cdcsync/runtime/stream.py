@@ -16,7 +16,9 @@ and refuses a checkpoint that is past what a sink holds (:mod:`cdcsync.runtime.c
 rows record the offset ranges it read.
 
 One runner per pipeline: :meth:`PipelineRunner.locked` holds the pipeline's lock (:mod:`cdcsync.runtime.lock`)
-from before Spark starts until the queries have stopped, and every batch checks it before it stages anything.
+from before Spark starts until the queries have stopped; every attempt of a batch checks it before it stages
+anything, and every merge transaction passes the lock's fence (:mod:`cdcsync.db.fence`), so a run whose lock
+was taken over merges nothing more.
 
 Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not started refuses to start
 (raising :class:`StopRequested`, which leaves it uncommitted for the next run), then the queries are stopped.
@@ -41,6 +43,7 @@ from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.db.dead_letters import DeadLetterWriter
+from cdcsync.db.fence import MergeFence
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
@@ -143,7 +146,9 @@ class BatchHandler:
         self._idle = threading.Condition(self._lock)
         self._checkpoint_id: str | None = None
         self.lock_guard: Callable[[], None] | None = None
-        """Called before each batch: raises when the run no longer holds the pipeline's lock."""
+        """Called before each attempt of a batch: raises when the run no longer holds the pipeline's lock."""
+        self.fence: MergeFence | None = None
+        """The lock's fence, which every merge transaction of this source's sinks passes (:meth:`fence_sinks`)."""
 
     # -- stop protocol -------------------------------------------------------------------------------------
     def request_stop(self, timeout: float | None = None) -> None:
@@ -159,8 +164,6 @@ class BatchHandler:
                 raise StopRequested()
             self._in_batch = True
         try:
-            if self.lock_guard is not None:
-                self.lock_guard()
             self._process(changes, batch_id)
         except CdcsyncError as error:
             self.failure = error.add_context(f"source '{self.source_id}', batch {batch_id}")
@@ -209,7 +212,21 @@ class BatchHandler:
                 offsets,
             )
         describe = f"source '{self.source_id}' batch {batch_id}"
-        return with_retries(land, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
+        return with_retries(
+            functools.partial(self._attempt, land), describe=describe, budget=self.retry_budget, on_wait=self._waiting
+        )
+
+    def _attempt(self, land: Callable[[], dict[str, SinkOutcome]]) -> dict[str, SinkOutcome]:
+        """One attempt of the batch, after the lock check: a retry after Postgres came back takes the lock again
+        (its session ended with the server) before it stages."""
+        if self.lock_guard is not None:
+            self.lock_guard()
+        return land()
+
+    def fence_sinks(self, fence: MergeFence | None) -> None:
+        """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks)."""
+        self.fence = fence
+        fence_sinks(fence, self.sinks, self.graph)
 
     @property
     def retry_budget(self) -> RetryBudget:
@@ -251,6 +268,7 @@ class BatchHandler:
             raise change.add_context("schema_evolution: auto changed nothing")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
+        self.fence_sinks(self.fence)
         log.warning(
             "source '%s': schema_evolution auto: topic %s %s at partition %d, offset %d; wrote and applied %s; "
             "landing batch %d again",
@@ -400,15 +418,6 @@ class PipelineRunner:
         self._raise_failures()
         return self.snapshot()
 
-    def _check_lock(self) -> None:
-        lock = self.lock
-        assert lock is not None, "batches run only inside locked()"
-        with_retries(
-            lock.ensure_held,
-            describe=f"pipeline '{self.pipeline.name}': checking its lock",
-            budget=retry_budget(self.settings),
-        )
-
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -423,7 +432,10 @@ class PipelineRunner:
             schema_registry=SchemaRegistryAccess.from_settings(self.settings),
             settings=self.settings,
         )
-        handler.lock_guard = self._check_lock
+        assert self.lock is not None, "queries start only inside locked()"
+        # Inside the batch's retries: an outage of Postgres is waited out (and reported) once, by the batch.
+        handler.lock_guard = self.lock.ensure_held
+        handler.fence_sinks(self.lock.fence)
         self.handlers[source_id] = handler
 
         reader = spark.readStream.format("kafka")
@@ -505,6 +517,14 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
         else:
             sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
     return sinks
+
+
+def fence_sinks(fence: MergeFence | None, sinks: dict[str, BatchSink], graph: SourceGraph | None) -> None:
+    """Make every merge transaction of ``sinks`` and of ``graph``'s stored dynamic tables pass ``fence``."""
+    for sink in sinks.values():
+        sink.fence = fence
+    for table in graph.tables.values() if graph is not None else ():
+        table.fence = fence
 
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
