@@ -53,7 +53,7 @@ from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
-from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
+from cdcsync.sources.kafka import BrokerUnavailable, DecodeTask, TopicDecoders, broker_failure, spark_kafka_options
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
@@ -221,7 +221,17 @@ class BatchHandler:
         (its session ended with the server) before it stages."""
         if self.lock_guard is not None:
             self.lock_guard()
-        return land()
+        try:
+            return land()
+        except BrokerUnavailable as away:
+            raise away.naming(self.bootstrap_servers) from None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The brokers this source reads (its own ``options`` may name others than the settings do)."""
+        if self.settings is None:
+            return str(self.source.options.get("kafka.bootstrap.servers", "of the settings"))
+        return spark_kafka_options(self.pipeline.name, self.source, self.settings)["kafka.bootstrap.servers"]
 
     def fence_sinks(self, fence: MergeFence | None) -> None:
         """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks)."""
@@ -497,6 +507,9 @@ class PipelineRunner:
             query = self.queries.get(source_id)
             error = query.exception() if query is not None else None
             if error is not None and "StopRequested" not in str(error):
+                away = broker_failure(error)
+                if away is not None:  # the driver's offset requests gave up (Spark's fetchOffset.numRetries)
+                    raise away.naming(handler.bootstrap_servers).add_context(f"source '{source_id}'")
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
 
