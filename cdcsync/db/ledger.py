@@ -125,3 +125,20 @@ def recorded_offsets(conn: Any, pipeline: str, sink: str, checkpoint_id: str, ba
         {"pipeline": pipeline, "sink": sink, "checkpoint_id": checkpoint_id, "batch_id": batch_id},
     ).fetchone()
     return row[0] if row and row[0] is not None else None
+
+
+def rows_written_by_sink(conn: Any, pipeline: str, checkpoint_id: str, sinks: list[str]) -> dict[str, int]:
+    """Per sink with batches of ``checkpoint_id``: the rows the ledger says they wrote."""
+    rows = conn.execute(
+        render("postgres/runtime/ledger_rows_by_sink.sql.j2"),
+        {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "sinks": sinks},
+    ).fetchall()
+    return {sink: int(written or 0) for sink, written in rows}
+
+
+def forget_sink(conn: Any, pipeline: str, checkpoint_id: str, sink: str) -> None:
+    """Delete a sink's ledger rows of ``checkpoint_id``: its target lost them, and they are to land again."""
+    conn.execute(
+        render("postgres/runtime/ledger_forget.sql.j2"),
+        {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "sink": sink},
+    )
