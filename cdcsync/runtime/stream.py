@@ -506,12 +506,19 @@ class PipelineRunner:
                 raise handler.failure
             query = self.queries.get(source_id)
             error = query.exception() if query is not None else None
-            if error is not None and "StopRequested" not in str(error):
-                away = broker_failure(error)
+            if query is not None and error is not None and "StopRequested" not in str(error):
+                away = broker_failure(_java_failure(query))
                 if away is not None:  # the driver's offset requests gave up (Spark's fetchOffset.numRetries)
                     raise away.naming(handler.bootstrap_servers).add_context(f"source '{source_id}'")
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
+
+
+def _java_failure(query: StreamingQuery) -> object:
+    """The Java throwable that ended ``query``: PySpark's ``exception()`` keeps only the text of a cause it has no
+    Python class for (Kafka's), and :func:`~cdcsync.sources.kafka.broker_failure` needs its class."""
+    failure = query._jsq.exception()  # PySpark has no public accessor for the Java object
+    return failure.get() if failure.isDefined() else None
 
 
 def retry_budget(settings: Settings | None) -> RetryBudget:

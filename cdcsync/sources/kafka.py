@@ -76,8 +76,11 @@ class BrokerUnavailable(ServiceError):
         return named
 
 
-def broker_failure(error: BaseException) -> BrokerUnavailable | None:
-    """The broker outage a failed Spark job or query stands for, if it does (see the module doc); else None."""
+def broker_failure(error: object) -> BrokerUnavailable | None:
+    """The broker outage a failed Spark job or query stands for, if it does (see the module doc); else None.
+
+    ``error``: the PySpark exception of a failed job, or a Java throwable itself (a query's failure: PySpark keeps
+    only the text of a cause it has no class for, so the caller asks the query for the throwable)."""
     try:
         for throwable in _java_causes(error):
             classes = _java_classes(throwable)
@@ -90,12 +93,12 @@ def broker_failure(error: BaseException) -> BrokerUnavailable | None:
     return None
 
 
-def _java_causes(error: BaseException) -> Iterator[Any]:
+def _java_causes(error: object) -> Iterator[Any]:
     """The Java throwables behind a PySpark exception (a captured exception's origin, or a Py4JJavaError's), and
-    each one's causes."""
+    each one's causes; or a Java throwable and its causes."""
     python: Any = error
-    throwable = None
-    for _ in range(_MAX_CAUSES):
+    throwable: Any = None if isinstance(error, BaseException) else error
+    for _ in range(_MAX_CAUSES if throwable is None else 0):
         throwable = getattr(python, "_origin", None) or getattr(python, "java_exception", None)
         python = getattr(python, "_cause", None)
         if throwable is not None or python is None:

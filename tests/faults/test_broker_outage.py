@@ -3,12 +3,16 @@
 Spark's Kafka reader rides out a short outage inside a task (its poll and offset requests wait); a longer one fails
 the task with one of Kafka's retriable exceptions. That failure is the broker's outage, not a failed write: the
 batch is retried with backoff inside ``retry.budget_s`` (said once), so an outage shorter than the budget passes
-without exiting, and one longer than the budget ends the run with exit 1 and one line naming the broker and the
-budget, with nothing merged for the batch and nothing dead-lettered. The next run, with the broker back, lands
-every change exactly once. Before, the first failed task stopped the run at once with the reader's raw error.
+without exiting, and one longer than the budget ends the run with exit 1 and one line naming the broker, with
+nothing merged for the batch and nothing dead-lettered. The next run, with the broker back, lands every change
+exactly once. Before, the first failed task stopped the run at once with the reader's raw error, and a query the
+driver's offset requests ended said only "streaming query failed: …".
 
 The reader's own timeouts are made short here (the source's ``options``; Spark's defaults are 120 s for a poll and
-Kafka's 60 s for an offset request), so a few seconds of outage fail a task.
+Kafka's 60 s for an offset request), so a few seconds of outage fail a task; the driver's offset requests get more
+attempts (``fetchOffset.numRetries``) so that they outlast the short outage, as Spark's defaults (3 x 60 s) outlast
+the default budget. Where the long outage meets the run decides which gives up first: a batch's retries (the
+budget) or the driver's offset requests; either way the run ends with the broker named.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ READER_TIMEOUTS = {
     "kafkaConsumer.pollTimeoutMs": "2000",
     "kafka.default.api.timeout.ms": "4000",
     "kafka.request.timeout.ms": "2000",
+    "fetchOffset.numRetries": "30",
 }
-BUDGET_S = 30
+BUDGET_S = 90
+"""Room for the broker's restart (a JVM start, slow on a loaded machine) after the short outage."""
 SHORT_OUTAGE_S = 12.0
 """Longer than a task waits for the broker (a poll and an offset request), shorter than the budget."""
 
@@ -58,7 +64,11 @@ def test_a_broker_outage_is_ridden_out_inside_the_budget_and_stops_the_run_past_
 
     fault_stack.kill("kafka")
     time.sleep(SHORT_OUTAGE_S)
-    ridden_out = faulted.moving_again(fault_stack.restart("kafka"), process)
+    try:
+        ridden_out = faulted.moving_again(fault_stack.restart("kafka"), process)
+    except AssertionError:
+        _stdout, stderr = process.communicate(timeout=BOUND_S)
+        raise AssertionError(f"the run did not ride the outage out:\n{stderr[-4000:]}") from None
 
     fault_stack.kill("kafka")  # and it stays away until the run gives up
     _stdout, stderr = process.communicate(timeout=BOUND_S)
@@ -66,12 +76,12 @@ def test_a_broker_outage_is_ridden_out_inside_the_budget_and_stops_the_run_past_
     error = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1, stderr[-4000:]
     assert f"the Kafka broker at {kafka_bootstrap} did not answer" in error[0], error
-    assert f"retry budget {BUDGET_S}s" in error[0], error
     assert "hint: check that the brokers in CDCSYNC__KAFKA__BOOTSTRAP_SERVERS are up" in stderr, stderr[-4000:]
     assert "Traceback" not in stderr
-    # Said once per outage (not per attempt), and the first outage ended.
-    assert stderr.count("retrying with backoff") == 2, stderr[-4000:]
-    assert stderr.count("succeeded again after") == 1, stderr[-4000:]
+    # Said at most once per outage, never per attempt; a batch's retries name the budget they spent.
+    retried = stderr.count("retrying with backoff")
+    assert retried <= 2 and stderr.count("succeeded again after") <= 1, stderr[-4000:]
+    assert "gave up after" not in error[0] or f"retry budget {BUDGET_S}s" in error[0], error
     with psycopg.connect(postgres_dsn) as conn:
         dead = conn.execute("SELECT count(*) FROM cdcsync.dead_letters WHERE pipeline = %s", (faulted.pipeline,))
         assert dead.fetchone() == (0,)

@@ -98,3 +98,13 @@ def test_other_failures_and_plain_python_errors_are_not() -> None:
     auth = Throwable(JavaClass("org.apache.kafka.common.errors.SaslAuthenticationException", KAFKA), "bad password")
     assert broker_failure(job_failing_with(auth)) is None
     assert broker_failure(ValueError("no Java here")) is None
+
+
+def test_a_java_throwable_itself_is_read_too() -> None:
+    """A query's failure: PySpark keeps only the text of a Kafka cause, so the throwable is asked for directly."""
+    node = Throwable(
+        JavaClass("org.apache.kafka.common.errors.TimeoutException", RETRIABLE),
+        "Timed out waiting for a node assignment. Call: listNodes",
+    )
+    found = broker_failure(Throwable(JavaClass("org.apache.spark.sql.streaming.StreamingQueryException"), "", node))
+    assert found is not None and found.detail.startswith("TimeoutException: Timed out waiting for a node")
