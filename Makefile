@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-lookup bench-peer bench-latency compose-check install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench: jars
 bench-avro: jars
 	$(BIN)/python benchmarks/upsert.py --format avro
 
+# The blackhole sink's changes/s (the engine's own ceiling) next to the Postgres mirror's, over the same changes.
+bench-blackhole: jars
+	$(BIN)/python benchmarks/upsert.py --blackhole
+
 bench-aggregate: jars
 	$(BIN)/python benchmarks/aggregate.py
 
@@ -70,6 +74,18 @@ bench-lookup: jars
 
 bench-peer: jars
 	$(BIN)/python benchmarks/peer_jdbc_sink.py
+
+bench-latency: jars
+	$(BIN)/python benchmarks/latency.py
+
+# Validates compose/docker-compose.yml with the Compose specification's reference loader (tools/compose-check),
+# and checks that the checker refuses a broken file, so a pass means something.
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+compose-check:
+	cd tools/compose-check && $(GO) build -o $(CURDIR)/.cache/compose-check .
+	.cache/compose-check compose/docker-compose.yml
+	@if .cache/compose-check tools/compose-check/testdata/broken.yml > /dev/null 2>&1; then \
+		echo "compose-check accepted tools/compose-check/testdata/broken.yml: the checker is broken"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

@@ -131,7 +131,8 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     tables = sum(len(route) for route in pipeline.routes.values())
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
-        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.streams())} source(s), "
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', "
+        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources)} source(s), "
         f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
@@ -330,6 +331,33 @@ def status(pipeline_file: PipelineArg) -> None:
     out.print(f"running: {running}", highlight=False)
 
 
+# ------------------------------------------------------------------------------------------------ plugins
+
+
+@app.command()
+@handles_errors
+def plugins() -> None:
+    """List the installed plugin operators (entry-point group `cdcsync.plugins`) and how a pipeline names them.
+
+    A pipeline names one as `type: <namespace>.<operator>` with its `options:` (docs/plugins.md). Plugins that
+    cannot be loaded are listed with the reason.
+    """
+    from cdcsync.config.plugins import installed
+
+    registry = installed()
+    table = Table("type", "kind", "package", "what it does")
+    for op_id, found in sorted(registry.operators.items()):
+        table.add_row(
+            Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary)
+        )
+    if registry.operators:
+        out.print(table)
+    else:
+        out.print("no plugins installed (entry-point group cdcsync.plugins)", highlight=False)
+    for problem in registry.problems:
+        err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+
+
 # ------------------------------------------------------------------------------------------------ rewind
 
 
@@ -436,18 +464,7 @@ def _devstack_config() -> Any:
     from cdcsync.devstack import DevStackConfig
 
     settings = _settings()
-    return DevStackConfig(
-        state_dir=settings.state_dir.resolve(),
-        postgres_port=settings.devstack.postgres_port,
-        kafka_port=settings.devstack.kafka_port,
-        kafka_controller_port=settings.devstack.kafka_controller_port,
-        clickhouse_port=settings.devstack.clickhouse_port,
-        schema_registry_port=settings.devstack.schema_registry_port,
-        connect_port=settings.devstack.connect_port,
-        debezium_database=settings.devstack.debezium_database,
-        debezium_format=settings.devstack.debezium_format,
-        debezium_schemas_enable=settings.devstack.debezium_schemas_enable,
-    )
+    return DevStackConfig(state_dir=settings.state_dir.resolve(), **settings.devstack.model_dump())
 
 
 def _print_stack_status(status: Any) -> None:
@@ -469,12 +486,21 @@ def dev_up(
             "(JSON; Avro in the Confluent wire format with CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT=avro).",
         ),
     ] = False,
+    spark_workers: Annotated[
+        int,
+        typer.Option(
+            "--spark-workers",
+            min=0,
+            help="Also run a Spark standalone master and N workers (pyspark's own); run pipelines on it with "
+            "CDCSYNC__SPARK__MASTER=spark://127.0.0.1:17077 (see `cdcsync dev env`).",
+        ),
+    ] = 0,
 ) -> None:
     """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
     err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
-    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
+    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium, spark_workers=spark_workers))
 
 
 @dev_app.command("down")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from cdcsync.config import toast
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.base import StrictModel, did_you_mean
+from cdcsync.config.operators import OperatorSink
 from cdcsync.config.pipeline import (
     METADATA_COLUMNS,
     POSTGRES_MAX_IDENTIFIER,
@@ -20,11 +21,13 @@ from cdcsync.config.pipeline import (
     ClickHouseSink,
     KafkaSource,
     PostgresAggregateSink,
+    PostgresSink,
     RoutedClickHouseSink,
     RoutedPostgresSink,
     SinkModel,
 )
 from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.plugins import PluginSink, is_plugin_type, validate_plugin_entry
 from cdcsync.config.transforms import DynamicTable
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 
@@ -34,7 +37,7 @@ def yaml_path(*parts: Any) -> str:
     return ".".join(str(p) for p in parts if p != "")
 
 
-def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
+def pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
     """Turn pydantic's errors into ``yaml.path: message`` lines with friendlier wording."""
     problems = []
     allowed = sorted(f.alias or name for name, f in model.model_fields.items() if name != "path")
@@ -68,6 +71,8 @@ def validate_entry(
     kind = raw.get("type")
     if kind is None:
         return None, [f"{where}.type: required key is missing; one of {', '.join(registry)}"]
+    if is_plugin_type(kind) and section in ("sources", "transforms", "sinks"):
+        return validate_plugin_entry(section, entry_id, raw, [*registry, *planned])  # type: ignore[arg-type]
     if kind not in registry:
         if kind in planned:
             return None, [f"{where}.type: '{kind}' is not available in this version of cdcsync yet"]
@@ -77,7 +82,7 @@ def validate_entry(
     try:
         return model.model_validate(raw), []
     except ValidationError as error:
-        return None, _pydantic_problems(where, error, model)
+        return None, pydantic_problems(where, error, model)
 
 
 def check_identifier(path: str, name: str, problems: list[str]) -> None:
@@ -168,23 +173,16 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
             check_identifier(f"{where}.{'group_by' if name in sink.group_by else 'aggregate'}.{name}", name, problems)
         if sink.landing_table == sink.agg_table:
             problems.append(f"{where}.agg_table: must differ from landing_table ('{sink.landing_table}')")
-    else:
+    elif not isinstance(sink, OperatorSink | PluginSink):
         check_identifier(f"{where}.schema", sink.schema_, problems)
         check_identifier(f"{where}.table", sink.table, problems)
-    if sink.from_ in inputs.invalid:
-        return  # the input itself is invalid and already reported
-    if sink.from_ in inputs.dynamic_tables:
-        problems.append(
-            f"{where}.from: '{sink.from_}' is a dynamic table, not a stream; a sink reads a source or a sql transform"
-        )
+    if not _input_known(where, sink.from_, inputs, problems):
         return
-    if sink.from_ not in inputs.columns:
-        known = sorted(inputs.columns)
-        problems.append(
-            f"{where}.from: '{sink.from_}' is not a source or sql transform{did_you_mean(sink.from_, known)}; "
-            f"known: {', '.join(known) or 'none'}"
-        )
-        return
+    if isinstance(sink, OperatorSink | PluginSink):
+        for column in sink.primary_key or []:
+            if column not in inputs.columns[sink.from_]:
+                problems.append(f"{where}.primary_key: column '{column}' is not in {inputs.describe(sink.from_)}")
+        return  # owns no table: needs no key, and no internal tables
     columns = inputs.columns[sink.from_]
     described = inputs.describe(sink.from_)
     key = sink.primary_key or inputs.primary_keys[sink.from_]
@@ -211,6 +209,25 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
     check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
         problems.append(f"{where}: pipeline name plus sink id is too long for the internal staging table names")
+
+
+def _input_known(where: str, from_: str, inputs: Inputs, problems: list[str]) -> bool:
+    """Whether ``from_`` names a stream a sink can read; else the problem (unless it was reported already)."""
+    if from_ in inputs.invalid:
+        return False  # the input itself is invalid and already reported
+    if from_ in inputs.dynamic_tables:
+        problems.append(
+            f"{where}.from: '{from_}' is a dynamic table, not a stream; a sink reads a source or a sql transform"
+        )
+        return False
+    if from_ not in inputs.columns:
+        known = sorted(inputs.columns)
+        problems.append(
+            f"{where}.from: '{from_}' is not a source or sql transform{did_you_mean(from_, known)}; "
+            f"known: {', '.join(known) or 'none'}"
+        )
+        return False
+    return True
 
 
 def _check_clickhouse_names(where: str, sink: ClickHouseSink, problems: list[str]) -> None:
@@ -254,7 +271,7 @@ def parses(type_text: str) -> bool:
     return True
 
 
-def _target_tables(sink: SinkModel) -> list[tuple[str, str]]:
+def _target_tables(sink: PostgresSink | PostgresAggregateSink | ClickHouseSink) -> list[tuple[str, str]]:
     """(YAML key, table name) of every table in ``sink.schema`` the sink owns."""
     if isinstance(sink, ClickHouseSink):
         return [("table", sink.table)] + ([("view", sink.view_name)] if sink.view_name else [])
@@ -289,6 +306,8 @@ def check_sinks(
             seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
+        if isinstance(sink, OperatorSink | PluginSink):
+            continue  # owns no table
         kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:

@@ -19,7 +19,9 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
+from cdcsync.config.plugins import PluginSink, PluginTransform
 from cdcsync.config.routing import check_pattern
 from cdcsync.config.transforms import TransformModel
 from cdcsync.config.types import PgType, parse_pg_type
@@ -347,21 +349,22 @@ class RoutedClickHouseSink(ClickHouseSink):
 
 AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
-SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
+SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink | OperatorSink | PluginSink
 
 SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
 SINK_TYPES: dict[str, type[_Model]] = {
     "postgres": PostgresSink,
     "postgres_aggregate": PostgresAggregateSink,
     "clickhouse": ClickHouseSink,
+    **OPERATOR_SINK_TYPES,
 }
-PLANNED_SINK_TYPES = ("dynamic_table", "delta", "print")
+PLANNED_SINK_TYPES = ("dynamic_table", "delta")
 
 
 class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
-    transforms: dict[str, TransformModel] = Field(default_factory=dict)
+    transforms: dict[str, TransformModel | PluginTransform] = Field(default_factory=dict)
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
     plan: SkipValidation[PipelinePlan] = Field(default_factory=PipelinePlan, exclude=True)
@@ -401,16 +404,16 @@ class Pipeline(_Model):
 
     def columns_of(self, node_id: str) -> dict[str, PgType]:
         """Business columns of a source or SQL transform, in order (the ``_cdc_*`` columns are implied)."""
-        step = self.step_of(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return dict(step.columns) if step is not None else self.sources[node_id].column_types()
 
     def primary_key_of(self, node_id: str) -> list[str] | None:
-        step = self.step_of(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return list(step.primary_key) if step is not None else self.sources[node_id].primary_key
 
     def postgres_sinks(self) -> dict[str, AnySink]:
         """The sinks that land in Postgres (mirrors and aggregations)."""
-        return {sid: s for sid, s in self.sinks.items() if not isinstance(s, ClickHouseSink)}
+        return {sid: s for sid, s in self.sinks.items() if isinstance(s, PostgresSink | PostgresAggregateSink)}
 
     def clickhouse_sinks(self) -> dict[str, ClickHouseSink]:
         """The sinks that land in ClickHouse; only a pipeline with some needs a ClickHouse server at all."""

@@ -47,6 +47,13 @@ class DevStackSettings(_Section):
     debezium_database: str = "cdcsync_source"
     debezium_format: str = "json"
     debezium_schemas_enable: bool = True
+    spark_master_port: int = 17077
+    """The standalone master of ``cdcsync dev up --spark-workers N``."""
+    spark_master_webui_port: int = 18080
+    spark_worker_webui_port: int = 18091
+    """Worker i (1-based) serves its web UI on this port + i - 1."""
+    spark_worker_cores: int = 1
+    spark_worker_memory: str = "2g"
 
 
 class KafkaSettings(_Section):

@@ -16,6 +16,7 @@ BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
 TRUNCATIONS_TABLE = "truncations"
 SOURCE_POSITIONS_TABLE = "source_positions"
+KEY_MOVES_TABLE = "key_moves"
 DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
 DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
     ("_cdc_pipeline", "text"),
@@ -37,6 +38,11 @@ DELETED_COLUMN = "_cdc_deleted"  # soft delete mode only
 # Columns of the staging table beside the business columns.
 BATCH_ID_COLUMN = "_batch_id"
 OP_COLUMN = "_cdc_op"
+KEY_MOVE_OP = "n"
+"""``_cdc_op`` of a key-move row: the new key of a primary-key change, read from the Kafka header
+``__debezium.newkey`` of the delete of its old key, with that delete's version and every other column null
+(:mod:`cdcsync.sources.debezium.plan`). Not a change: sinks use it to pair the delete with the create of the new
+key (:mod:`cdcsync.sinks.key_moves`); transforms pass it on like a truncate; nothing lands it."""
 
 
 def stage_table(pipeline: str, sink_id: str) -> str:

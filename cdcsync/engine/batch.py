@@ -24,9 +24,14 @@ from cdcsync.core.errors import CdcsyncError
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
+from cdcsync.sinks import key_moves
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders, broker_failure
+from cdcsync.sinks.webhook import WebhookTableSink
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, broker_failure, decoder_input
+from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +42,7 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink
+BatchSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
 """Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
 
 
@@ -190,10 +195,28 @@ def job_error(error: BaseException, doing: str, pipeline_file: str) -> CdcsyncEr
     return executor_error(error, doing, pipeline_file)
 
 
+@dataclass(frozen=True)
+class WithoutKeyMoves:
+    """A writer that is not handed the key-move rows (:mod:`cdcsync.sinks.key_moves`): they are cdcsync's own
+    bookkeeping for the sinks that keep a table by key, not changes to print, post or give to plugin code."""
+
+    writer: ExecutorWriter
+
+    def stage(self, table: pa.Table) -> int:
+        return self.writer.stage(key_moves.split(table)[1])
+
+
 def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
-    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
-        return sink.stage_writer(batch_id, checkpoint_id)
-    return sink.stage_writer(batch_id)
+    """The executor side of ``sink`` for this batch, running the plugin transforms it reads first, if any."""
+    writer: ExecutorWriter
+    if isinstance(sink, PostgresUpsertSink):
+        writer = sink.stage_writer(batch_id)
+    else:
+        writer = sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name it
+    chain = sink.pipeline.plan.plugin_chain(sink.sink.from_)
+    keeps_key_moves = isinstance(sink, PostgresUpsertSink | ClickHouseTableSink) and not chain
+    writer = with_chain(writer, chain)
+    return writer if keeps_key_moves else WithoutKeyMoves(writer)
 
 
 def merge_all(
@@ -233,7 +256,7 @@ def land_batch(
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(pending, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(pending, keys, staged))
     log.info(
@@ -251,3 +274,21 @@ def _routed_topic(sink: BatchSink) -> str:
     routed = sink.sink
     assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
     return routed.topic
+
+
+def land_rows(
+    rows: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+) -> dict[str, SinkOutcome]:
+    """Land a micro-batch whose rows need no decoding (a plugin source's: business and ``_cdc_*`` columns) in
+    every sink: ledger lookups, one staging pass, a ledgered merge per sink."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, None)
+    if not pending:
+        return outcome
+    task = StageRowsTask(tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values()))
+    staged = dict(zip(pending, stage(rows, task, batch_id, pipeline_file), strict=True))
+    outcome.update(merge_all(pending, keys, staged))
+    return outcome

@@ -46,7 +46,7 @@ from cdcsync.engine.batch import (
 )
 from cdcsync.sources.debezium.dispatch import output_spark_schema
 from cdcsync.sources.debezium.spec import output_arrow_schema
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
+from cdcsync.sources.kafka import DecodeTask, decoder_input
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
 
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
-    decoded = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+    decoded = decoder_input(raw).mapInArrow(DecodeRowsTask(decode, schema), ddl)
     decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         # Scans every partition, so this also fills the cache that the later steps read.

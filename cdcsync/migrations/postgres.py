@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
-INTERNAL_VERSION = 5
+INTERNAL_VERSION = 6
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
 trigger function, 4 the ``offsets`` column of ``batch_ledger``, 5 made truncate watermarks ``numeric(38,0)`` and
-added ``source_positions``. States without it are version 1."""
+added ``source_positions``, 6 added ``key_moves``. States without it are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -53,6 +53,12 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     ),
     (5, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
     (5, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
+    (
+        6,
+        "internal_key_moves.sql.j2",
+        names.KEY_MOVES_TABLE,
+        "the old key's large values of primary-key changes whose create is still to come",
+    ),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 
@@ -411,7 +417,7 @@ class PostgresTarget:
                 f"schema {quote_ident(internal_schema)} with tables "
                 f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
                 f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}, "
-                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, "
+                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, {quote_ident(names.KEY_MOVES_TABLE)}, "
                 f"{quote_ident(names.DYNAMIC_TABLE_CHANGES_TABLE)}"
             ]
             for sink_id, sink in sorted(state["sinks"].items()):

@@ -67,25 +67,51 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
 
 
 def _start_python_workers(spark: SparkSession) -> None:
-    """Start the executors' Python workers and import the decoder and sink modules in them now.
+    """Start the executors' Python workers, import the decoder and sink modules in them now, and check that they
+    run the driver's cdcsync.
 
     Workers are reused across tasks (``spark.python.worker.reuse``), so this moves their start-up (several
     seconds on a small machine: pyarrow, psycopg, the decoder) out of the first micro-batch, whose latency is the
-    one a restarted pipeline is judged by.
+    one a restarted pipeline is judged by. On a cluster the executors' cdcsync comes from their own hosts; one
+    that is missing or of another version would fail (or, worse, decode differently) in the first batch, so it
+    is refused here, before any batch runs.
     """
+    import cdcsync
+
     parallelism = spark.sparkContext.defaultParallelism
-    spark.range(0, parallelism, numPartitions=parallelism).mapInArrow(_import_executor_modules, "id long").collect()
+    try:
+        rows = (
+            spark.range(0, parallelism, numPartitions=parallelism)
+            .mapInArrow(_import_executor_modules, "version string")
+            .collect()
+        )
+    except Exception as error:  # a Py4J or PySpark error wrapping the executor's ImportError
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DependencyError(
+            f"the Spark executors ({spark.sparkContext.master}) could not import cdcsync: {first_line}",
+            hint=f"install cdcsync {cdcsync.__version__} on every executor host (the driver's image or venv), "
+            "or point spark.pyspark.python at an interpreter that has it",
+        ) from None
+    versions = sorted({row.version for row in rows})
+    if versions != [cdcsync.__version__]:
+        raise DependencyError(
+            f"the Spark executors run cdcsync {', '.join(versions)}, the driver {cdcsync.__version__}",
+            hint="install the same cdcsync version on the driver and every executor host",
+        )
 
 
 def _import_executor_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     # What the decode and staging tasks import lazily (the CLI's import path stays light).
     import psycopg  # noqa: F401
+    import pyarrow as pa
     import pyarrow.compute
-    import pyarrow.csv  # noqa: F401
+    import pyarrow.csv
 
-    import cdcsync.engine.batch  # noqa: F401
+    import cdcsync
+    import cdcsync.engine.batch
 
-    yield from batches
+    for batch in batches:
+        yield pa.RecordBatch.from_pydict({"version": [cdcsync.__version__] * batch.num_rows})
 
 
 def _current_python() -> str:

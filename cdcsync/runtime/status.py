@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cdcsync.config.operators import OperatorSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
+from cdcsync.db.http import shown_url
 from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.lock import LockHolder, lock_holder
 from cdcsync.sql.render import render
@@ -98,6 +101,9 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
                 if isinstance(sink, ClickHouseSink):
                     sinks.append(_clickhouse_status(conn, pipeline, settings, sink_id, sink))
                     continue
+                if isinstance(sink, OperatorSink | PluginSink):
+                    sinks.append(_operator_status(conn, pipeline.name, sink_id, sink))
+                    continue
                 last = conn.execute(
                     render("postgres/runtime/ledger_last_batch.sql.j2"),
                     {"pipeline": pipeline.name, "sink": sink_id},
@@ -145,3 +151,12 @@ def _clickhouse_status(
     return SinkStatus(
         sink_id, f"{sink.database}.{sink.table}", last[0] if last else None, last[1] if last else None, rows
     )
+
+
+def _operator_status(conn: Any, pipeline: str, sink_id: str, sink: OperatorSink | PluginSink) -> SinkStatus:
+    """A sink without a table: its rows are the changes it handed on, as the ledger counted them."""
+    values = {"pipeline": pipeline, "sink": sink_id}
+    last = conn.execute(render("postgres/runtime/ledger_last_batch.sql.j2"), values).fetchone()
+    total = conn.execute(render("postgres/runtime/ledger_rows_total.sql.j2"), values).fetchone()
+    target = shown_url(sink.url) if isinstance(sink, WebhookSink) else sink.type
+    return SinkStatus(sink_id, target, last[0] if last else None, last[1] if last else None, int(total[0]))

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
@@ -50,7 +52,10 @@ from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import BrokerUnavailable, DecodeTask, TopicDecoders, broker_failure, spark_kafka_options
@@ -137,8 +142,12 @@ class BatchHandler:
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.spark_context = spark_context
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What every query's handler keeps while it runs: its figures, its failure, the stop protocol's state."""
         self.stats = SourceStats()
-        self.sink_stats = {sink_id: SinkStats() for sink_id in sinks}
+        self.sink_stats = {sink_id: SinkStats() for sink_id in self.sinks}
         self.failure: CdcsyncError | None = None
         self._lock = threading.Lock()
         self._stopping = False
@@ -310,6 +319,18 @@ class BatchHandler:
         evolved = merge(self.pipeline.source_schemas.get(change.source_id), seen)
         return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
+    def record(self, outcome: dict[str, SinkOutcome], batch_id: int) -> None:
+        """A landed batch in the figures the live view shows."""
+        for sink_id, result in outcome.items():
+            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
+            stats.batches += 1
+            stats.skipped_batches += int(result.skipped)
+            stats.rows_in += result.rows_staged
+            stats.rows_out += result.rows_merged
+        self.stats.batches += 1
+        self.stats.last_batch_id = batch_id
+        self.stats.last_batch_done_at = time.monotonic()
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
@@ -328,16 +349,8 @@ class BatchHandler:
                     raise
                 self._evolve(change, batch_id)
                 decode = self._decoder(dead_letters)
-        for sink_id, result in outcome.items():
-            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
-            stats.batches += 1
-            stats.skipped_batches += int(result.skipped)
-            stats.rows_in += result.rows_staged
-            stats.rows_out += result.rows_merged
-        self.stats.batches += 1
-        self.stats.last_batch_id = batch_id
         self.stats.dead_letters += int(dead_letters.value)
-        self.stats.last_batch_done_at = time.monotonic()
+        self.record(outcome, batch_id)
 
 
 class PipelineRunner:
@@ -375,9 +388,7 @@ class PipelineRunner:
             sources={sid: h.stats for sid, h in self.handlers.items()},
             sinks=sinks,
             sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for handler in self.handlers.values()
-                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
+                sid: sink.target_name for handler in self.handlers.values() for sid, sink in handler.sinks.items()
             },
             elapsed=time.monotonic() - self._started,
         )
@@ -419,6 +430,15 @@ class PipelineRunner:
             self.check_ledger()
             for source_id, source in self.pipeline.streams().items():
                 self._start_query(spark, source_id, source)
+            for plugin_source in self.pipeline.plan.plugin_sources.values():
+                from cdcsync.runtime.plugin_sources import start_plugin_query
+
+                assert self.lock is not None
+                handler, self.queries[plugin_source.id] = start_plugin_query(
+                    spark, self.pipeline, plugin_source, self.settings, self.lock.ensure_held, self.available_now
+                )
+                fence_sinks(self.lock.fence, handler.sinks, None)
+                self.handlers[plugin_source.id] = handler
             try:
                 self._supervise(on_progress)
             finally:
@@ -529,13 +549,18 @@ def retry_budget(settings: Settings | None) -> RetryBudget:
 def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:
     """Driver side of every sink fed by ``source_id``."""
     sinks: dict[str, BatchSink] = {}
+    dsn = settings.postgres_dsn
     for sink_id, sink in pipeline.sinks_of(source_id).items():
         if isinstance(sink, ClickHouseSink):
-            sinks[sink_id] = ClickHouseTableSink(
-                pipeline, sink_id, sink, settings.postgres_dsn, settings.clickhouse_url
-            )
+            sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
+        elif isinstance(sink, PrintSink | BlackholeSink):
+            sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, WebhookSink):
+            sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
+        elif isinstance(sink, PluginSink):
+            sinks[sink_id] = PluginTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         else:
-            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
+            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
     return sinks
 
 
@@ -549,7 +574,9 @@ def fence_sinks(fence: MergeFence | None, sinks: dict[str, BatchSink], graph: So
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
-    sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
+    # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
+    # sink's own executor pass (cdcsync.transforms.plugins).
+    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in pipeline.sinks_of(source_id).items()}
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
 
 

@@ -106,8 +106,8 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.type",
             "postgress",
-            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse "
-            "(did you mean 'postgres'?)",
+            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse, print, "
+            "blackhole, webhook (did you mean 'postgres'?)",
         ),
         (
             "sinks.orders_mirror.type",

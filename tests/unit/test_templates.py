@@ -141,7 +141,7 @@ def test_internal_schema_golden() -> None:
     sql = render("postgres/internal_schema.sql.j2", schema=names.INTERNAL_SCHEMA)
     check_golden("internal_schema.sql", sql)
     kinds = [type(s).__name__ for s in parse_postgres(sql)]
-    tables = ["Create", "Comment"] * 6  # schema_migrations ... source_positions, dynamic_table_changes
+    tables = ["Create", "Comment"] * 7  # schema_migrations ... source_positions, key_moves, dynamic_table_changes
     assert kinds == ["Create", *tables, "Command"], "the schema, each table with its comment, the trigger function"
 
 

@@ -1,0 +1,341 @@
+"""Latency under a steady stream: ``make bench-latency`` (or ``python benchmarks/latency.py [--rate R --seconds S
+--keys K --wrapped]``).
+
+Throughput benchmarks time a backlog; users of a running pipeline ask something else: how long after a commit
+in the source can a reader of the target see it? This benchmark answers that with the real command:
+
+1. starts a dev stack of its own unless ``--postgres-dsn`` and ``--bootstrap`` point at running services;
+2. renders and applies a one-sink Postgres mirror pipeline (``cdcsync init`` + ``cdcsync migrate``) into a fresh
+   database, then adds two statement-level triggers to the mirror that log, for every row a merge writes, the
+   transaction's id and the row's ``_cdc_ts`` (the source commit time, Debezium's ``source.ts_ms``) into a side
+   table ``bench_latency.seen``: one set-based INSERT per merge statement, no per-row round trip;
+3. starts ``cdcsync run`` (streaming, the product's default trigger) as a subprocess, primes it with the first
+   second of changes and waits until those are visible (Spark's start is not latency);
+4. produces the remaining changes at a steady ``--rate`` for ``--seconds``, stamping each change's ``ts_ms`` with
+   the wall clock at the moment it is handed to the producer (so ``_cdc_ts`` is "committed in the source" then);
+5. a poller reads ``bench_latency.seen`` every ``--poll-ms`` in its own connection and notes, for each logged row,
+   when it first became visible (the merge committed): latency = seen - ``_cdc_ts``;
+6. once everything is visible, stops the run with SIGTERM (it finishes its batch and exits 0), checks the mirror
+   row by row against the expected final state, and prints p50/p90/p99/max.
+
+What the figure includes: producer batching (``linger.ms`` 20), broker, the trigger interval (Spark's
+``processingTime`` of 1 s: a change waits for the next micro-batch), decoding, staging with COPY and the merge, plus
+the poller's own granularity (``--poll-ms``). Deletes are not timed (a hard delete leaves no row to log); inserts
+and updates are. A change overwritten in the same micro-batch by a newer change of its key is timed through the
+newer one only (the mirror never shows it).
+
+Prints its figures; raises only if the mirror does not end equal to the expected state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from cdcsync.devstack import workload
+
+_TS_MS = re.compile(rb'"ts_ms":\d+')
+PARTITIONS = 4
+SINK_SCHEMA, SINK_TABLE = "app", "orders"
+
+# The benchmark's own instrumentation (not product SQL): statement-level triggers with transition tables, one per
+# event because Postgres allows a transition table only on single-event triggers.
+_LOG_DDL = """
+CREATE SCHEMA bench_latency;
+CREATE TABLE bench_latency.seen (id bigserial PRIMARY KEY, txid xid8 NOT NULL, source_ts timestamptz NOT NULL);
+CREATE FUNCTION bench_latency.log_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO bench_latency.seen (txid, source_ts) SELECT pg_current_xact_id(), "_cdc_ts" FROM written;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER bench_latency_inserted AFTER INSERT ON app.orders
+  REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION bench_latency.log_rows();
+CREATE TRIGGER bench_latency_updated AFTER UPDATE ON app.orders
+  REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION bench_latency.log_rows();
+"""
+_POLL = "SELECT id, extract(epoch FROM source_ts) FROM bench_latency.seen WHERE id > %s ORDER BY id"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, default=10_000, help="changes per second to produce (default 10000)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long to produce (default 120)")
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100k)")
+    parser.add_argument(
+        "--wrapped", action="store_true", help="schema-wrapped JSON (JsonConverter's default) instead of bare payloads"
+    )
+    parser.add_argument("--poll-ms", type=float, default=20.0, help="how often the poller looks (default 20 ms)")
+    add_service_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0:
+        parser.error("--rate, --seconds, --keys and --poll-ms must be positive")
+    return args
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (``fraction`` in [0, 1])."""
+    if not sorted_values:
+        raise ValueError("no values")
+    rank = max(1, round(fraction * len(sorted_values) + 0.5 - 1e-9))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def stamp(value: bytes, now_ms: int) -> bytes:
+    """The change with its source and envelope ``ts_ms`` set to ``now_ms`` (the schema part has no values)."""
+    return _TS_MS.sub(b'"ts_ms":%d' % now_ms, value)
+
+
+@dataclass
+class Poller:
+    """Notes when each logged row of ``bench_latency.seen`` first became visible to another connection."""
+
+    dsn: str
+    interval_s: float
+    latencies: list[float] = field(default_factory=list)
+    measuring_from_id: int | None = None
+    """Rows logged up to here belong to the priming changes and are not timed."""
+    last_id: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="latency-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                rows = conn.execute(_POLL, (self.last_id,)).fetchall()
+                seen = time.time()
+                if rows:
+                    self.last_id = rows[-1][0]
+                    floor = self.measuring_from_id
+                    if floor is not None:
+                        self.latencies.extend(seen - float(ts) for row_id, ts in rows if row_id > floor)
+                self._stop.wait(self.interval_s)
+
+
+@dataclass
+class Producer:
+    """Sends changes at a steady rate, each stamped with the moment it is handed over."""
+
+    bootstrap: str
+    topic: str
+    behind_max_s: float = 0.0
+    """How far the producer fell behind its schedule at worst (a figure is only steady if this stays small)."""
+
+    def send(self, events: Sequence[workload.ChangeEvent], rate: float) -> float:
+        from confluent_kafka import Producer as KafkaProducer
+
+        producer = KafkaProducer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "linger.ms": 20,
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "queue.buffering.max.messages": 1_000_000,
+                "log_level": 3,
+            }
+        )
+        start = time.monotonic()
+        for index, event in enumerate(events):
+            due = start + index / rate
+            lag = time.monotonic() - due
+            if lag < 0:
+                time.sleep(-lag)
+            else:
+                self.behind_max_s = max(self.behind_max_s, lag)
+            value = None if event.value is None else stamp(event.value, int(time.time() * 1000))
+            producer.produce(self.topic, key=event.key, value=value)
+            if index % 1000 == 0:
+                producer.poll(0)
+        remaining = producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} messages still undelivered after 60 s")
+        return time.monotonic() - start
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-latency-")))
+        services = stack.enter_context(bench_services(args, root))
+        measure(args, root, services.admin_dsn, services.bootstrap)
+
+
+def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+    import psycopg
+
+    total = int(args.rate * args.seconds)
+    load = workload.generate(total + args.rate, args.keys, seed=7, wrapped=args.wrapped)
+    prime_count = _events_for_changes(load.events, args.rate)
+    prime, steady = load.events[:prime_count], load.events[prime_count:]
+    topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
+    workload.ensure_topic(bootstrap, topic, PARTITIONS)
+    dsn = fresh_database(admin_dsn, "latency")
+    env = _run_env(root, dsn, bootstrap)
+    pipeline_file = _write_pipeline(root, topic, load.columns)
+    for command in (("init",), ("migrate",)):
+        subprocess.run([sys.executable, "-m", "cdcsync", *command, str(pipeline_file)], env=env, check=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_LOG_DDL)
+
+    poller = Poller(dsn, args.poll_ms / 1000)
+    poller.start()
+    producer = Producer(bootstrap, topic)
+    log_path = root / "run.log"
+    with open(log_path, "w") as log, _running(pipeline_file, env, log) as run:
+        producer.send(prime, args.rate)
+        _wait(lambda: poller.last_id > 0, run, "the first micro-batch", timeout=300)
+        _wait_quiet(poller, run)
+        poller.measuring_from_id = poller.last_id
+        print(f"run started and primed; producing {len(steady):,} messages at {args.rate:,}/s …", flush=True)
+        produce_s = producer.send(steady, args.rate)
+        _wait(lambda: _mirror_equals(dsn, load), run, "the mirror to catch up", timeout=600, every_s=1.0)
+        _wait_quiet(poller, run)
+    poller.stop()
+    if run.returncode != 0:
+        raise RuntimeError(f"cdcsync run exited {run.returncode}; its log: {log_path.read_text()[-3000:]}")
+    report(args, load, poller.latencies, produce_s, producer.behind_max_s, len(steady))
+
+
+def report(
+    args: argparse.Namespace,
+    load: workload.Workload,
+    latencies: list[float],
+    produce_s: float,
+    behind_max_s: float,
+    messages: int,
+) -> None:
+    ordered = sorted(latencies)
+    print()
+    print(machine_line())
+    print(f"format:                      {'schema-wrapped JSON' if args.wrapped else 'bare JSON'}")
+    print(f"produced:                    {messages:,} messages in {produce_s:.1f} s ({messages / produce_s:,.0f}/s)")
+    print(f"producer behind schedule:    {behind_max_s * 1000:,.0f} ms at worst")
+    print(f"rows timed (ins/upd seen):   {len(ordered):,}")
+    if ordered:
+        for label, fraction in (("p50", 0.50), ("p90", 0.90), ("p99", 0.99)):
+            print(f"commit -> visible {label}:       {percentile(ordered, fraction) * 1000:8,.0f} ms")
+        print(f"commit -> visible max:       {ordered[-1] * 1000:8,.0f} ms")
+        print(f"commit -> visible mean:      {statistics.fmean(ordered) * 1000:8,.0f} ms")
+    print(f"poll interval:               {args.poll_ms:8,.0f} ms (included in the figures)")
+    print(f"mirror verified equal to the expected final state ({len(load.expected):,} rows)")
+
+
+def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) -> int:
+    """How many messages (tombstones included) hold the first ``changes`` changes."""
+    seen = 0
+    for index, event in enumerate(events):
+        seen += event.value is not None
+        if seen == changes:
+            return index + 1 + int(index + 1 < len(events) and events[index + 1].value is None)
+    return len(events)
+
+
+def _run_env(root: Path, dsn: str, bootstrap: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
+    env.update(
+        CDCSYNC__POSTGRES__DSN=dsn,
+        CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=bootstrap,
+        CDCSYNC__STATE_DIR=str(root / "state"),
+        CDCSYNC__MIGRATIONS_DIR=str(root / "migrations"),
+    )
+    return env
+
+
+def _write_pipeline(root: Path, topic: str, columns: dict[str, str]) -> Path:
+    pipeline = {
+        "name": "latency",
+        "sources": {"orders": {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(columns)}},
+        "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": SINK_SCHEMA, "table": SINK_TABLE}},
+    }
+    path = root / "latency.yaml"
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def _running(pipeline_file: Path, env: dict[str, str], log: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """``cdcsync run`` streaming; SIGTERM on the way out (it finishes its batch), SIGKILL if it hangs."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdcsync", "run", str(pipeline_file)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _wait(done: Any, run: subprocess.Popen[bytes], what: str, *, timeout: float, every_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if run.poll() is not None:
+            raise RuntimeError(f"cdcsync run exited {run.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def _wait_quiet(poller: Poller, run: subprocess.Popen[bytes], quiet_s: float = 3.0) -> None:
+    """Until no new row has been logged for ``quiet_s`` (the last micro-batch's rows are all seen)."""
+    last, since = poller.last_id, time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(0.2)
+        if poller.last_id != last:
+            last, since = poller.last_id, time.monotonic()
+        if run.poll() is not None:
+            raise RuntimeError(f"cdcsync run exited {run.returncode}")
+
+
+def _mirror_equals(dsn: str, load: workload.Workload) -> bool:
+    import psycopg
+    from psycopg import sql
+
+    columns = list(load.columns)
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(SINK_SCHEMA, SINK_TABLE)
+    )
+    with psycopg.connect(dsn) as conn:
+        rows = {r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(query)}
+    return rows == load.expected
+
+
+if __name__ == "__main__":
+    main()

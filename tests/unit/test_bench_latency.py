@@ -1,0 +1,50 @@
+"""The pure parts of ``benchmarks/latency.py``: arguments, the percentile, the ``ts_ms`` stamp and the priming
+split. Nothing is started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.latency import _events_for_changes, parse_args, percentile, stamp
+from cdcsync.devstack import workload
+
+pytestmark = pytest.mark.unit
+
+
+def test_arguments_defaults_and_refusals() -> None:
+    args = parse_args([])
+    assert (args.rate, args.seconds, args.keys, args.wrapped) == (10_000, 120.0, 100_000, False)
+    assert parse_args(["--rate", "500", "--wrapped"]).wrapped
+    with pytest.raises(SystemExit):
+        parse_args(["--rate", "0"])
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert [percentile(values, f) for f in (0.0, 0.5, 0.9, 0.99, 1.0)] == [1.0, 50.0, 90.0, 99.0, 100.0]
+    assert percentile([7.0], 0.99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_stamp_sets_both_ts_ms_and_nothing_else(wrapped: bool) -> None:
+    event = workload.generate(3, 3, seed=1, wrapped=wrapped).events[0]
+    assert event.value is not None
+    before = json.loads(event.value)
+    after = json.loads(stamp(event.value, 1_700_000_000_123))
+    payload_before, payload_after = (before["payload"], after["payload"]) if wrapped else (before, after)
+    assert payload_after["ts_ms"] == payload_after["source"]["ts_ms"] == 1_700_000_000_123
+    payload_after["ts_ms"] = payload_before["ts_ms"]
+    payload_after["source"]["ts_ms"] = payload_before["source"]["ts_ms"]
+    assert after == before
+
+
+def test_priming_split_keeps_a_delete_with_its_tombstone() -> None:
+    events = workload.generate(400, 20, seed=5).events
+    for changes in range(1, 200):
+        count = _events_for_changes(events, changes)
+        assert sum(e.value is not None for e in events[:count]) == changes
+        assert count == len(events) or events[count].value is not None  # no tombstone split from its delete
