@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
+JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-lookup bench-peer bench-latency compose-check install jars clean
@@ -17,7 +17,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@rm -f $(VENV)/.deps-*; touch $@
 
-$(JARS_STAMP): $(DEPS_STAMP) cdcsync/runtime/jars.py cdcsync/runtime/ivy.py
+$(JARS_STAMP): $(DEPS_STAMP) cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py
 	$(BIN)/python -m cdcsync.runtime.jars --with-debezium
 	@rm -f $(VENV)/.jars-*; touch $@
 
@@ -37,7 +37,7 @@ unit: install
 	$(BIN)/pytest -m unit $(PYTEST_ARGS)
 
 integration: jars
-	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+	$(BIN)/pytest -m "integration and not soak" $(PYTEST_ARGS)
 
 e2e: jars
 	$(BIN)/pytest -m "e2e and not soak" $(PYTEST_ARGS)

@@ -248,14 +248,23 @@ def run(
     wait: Annotated[
         bool, typer.Option("--wait", help="If another run of this pipeline holds its lock, wait for it to end.")
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics on /metrics and health on /healthz at this port (CDCSYNC__METRICS__PORT).",
+        ),
+    ] = None,
 ) -> None:
     """Stream the pipeline from Kafka into its targets, each change exactly once.
 
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
-    batch and exits 0. One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
+    batch and exits 0; a batch that takes longer than run.stop_timeout_s (25 s) is left for the next run (exit 1).
+    One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
     from cdcsync.runtime.live import ProgressView
+    from cdcsync.runtime.metrics import RunTelemetry
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
     from cdcsync.sources.kafka import check_kafka_reachable
@@ -270,7 +279,8 @@ def run(
 
     runner = PipelineRunner(pipeline, settings, available_now=available_now, wait_for_lock=wait)
     runner.install_signal_handlers()
-    with runner.locked():  # before Spark starts: a second runner is refused (or waits) at once
+    telemetry = RunTelemetry(settings.metrics, runner.snapshot, runner.health, port=metrics_port)
+    with runner.locked(), telemetry:  # before Spark starts: a second runner is refused (or waits) at once
         runner.check_ledger()  # a checkpoint past what a sink holds is refused before Spark starts too
         err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
         spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
@@ -299,7 +309,10 @@ def run(
 
 @app.command()
 @handles_errors
-def status(pipeline_file: PipelineArg) -> None:
+def status(
+    pipeline_file: PipelineArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the same facts as one JSON document.")] = False,
+) -> None:
     """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running).
 
     Also names the run holding the pipeline's lock (pid, host, since when), if one is streaming it now.
@@ -309,6 +322,11 @@ def status(pipeline_file: PipelineArg) -> None:
     settings = _settings()
     pipeline = _pipeline(pipeline_file, settings)
     report = pipeline_status(pipeline, settings)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(report.to_json(pipeline.name), indent=2))
+        return
     lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
     for row in report.partitions:
         lag.add_row(
@@ -399,6 +417,49 @@ def rewind(
             f"the next run reads again from {where}",
             highlight=False,
         )
+
+
+# ------------------------------------------------------------------------------------------------ reset
+
+
+@app.command()
+@handles_errors
+def reset(
+    pipeline_file: PipelineArg,
+    sink: Annotated[
+        str | None, typer.Option("--sink", help="Reset only this sink (and the checkpoint of its source).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    migrations_dir: MigrationsDirOpt = None,
+) -> None:
+    """Start afresh: delete the checkpoints and the batch ledger rows, so the next run reads the sources again.
+
+    Target tables are left as they are (the versioned merges apply only newer changes). Asks first; refused
+    (exit 2) while a run streams the pipeline.
+    """
+    from cdcsync.core.errors import UserError
+    from cdcsync.runtime.reset import plan_reset
+    from cdcsync.runtime.reset import reset as reset_pipeline
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file, settings)
+    plan = plan_reset(pipeline, settings, sink)
+    err.print(f"this removes, for pipeline '{escape(pipeline.name)}':", highlight=False)
+    for line in plan.describe():
+        err.print(f"  {escape(line)}", highlight=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UserError("reset needs a confirmation", hint="run it on a terminal, or pass --yes")
+        if not typer.confirm("reset?", default=False, err=True):
+            raise typer.Exit(1)
+    result = reset_pipeline(plan, settings)
+    out.print(
+        f"reset: {result.checkpoints_removed} checkpoint(s) and {result.ledger_rows_removed} ledger row(s) removed; "
+        "the next run reads the sources from their starting offsets",
+        highlight=False,
+    )
+
+
 # ------------------------------------------------------------------------------------------------ dead letters
 
 

@@ -18,6 +18,14 @@ TRUNCATIONS_TABLE = "truncations"
 SOURCE_POSITIONS_TABLE = "source_positions"
 KEY_MOVES_TABLE = "key_moves"
 DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
+INTERNAL_TABLES = (
+    SCHEMA_MIGRATIONS_TABLE,
+    BATCH_LEDGER_TABLE,
+    DEAD_LETTERS_TABLE,
+    TRUNCATIONS_TABLE,
+    SOURCE_POSITIONS_TABLE,
+    DYNAMIC_TABLE_CHANGES_TABLE,
+)
 DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
     ("_cdc_pipeline", "text"),
     ("_cdc_checkpoint", "text"),
@@ -87,3 +95,10 @@ def bounded(*parts: str) -> str:
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     head = name.encode()[:54].decode(errors="ignore")
     return f"{head}_{digest}"
+
+
+OWNER_ROLE = "cdcsync_owner"
+"""The role that owns every object cdcsync's migrations create; the migrations run as it (``SET LOCAL ROLE``)."""
+WRITER_ROLE = "cdcsync_writer"
+"""The role ``cdcsync run`` needs: reads and writes rows of the targets and cdcsync's tables, no DDL. Both roles are
+NOLOGIN group roles: a DBA grants them to login roles (docs/operations.md#roles)."""

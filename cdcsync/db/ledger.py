@@ -15,6 +15,7 @@ the checkpoint (:mod:`cdcsync.runtime.checkpoint`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -142,3 +143,9 @@ def forget_sink(conn: Any, pipeline: str, checkpoint_id: str, sink: str) -> None
         render("postgres/runtime/ledger_forget.sql.j2"),
         {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "sink": sink},
     )
+
+
+def fence_all(fence: MergeFence | None, ledgered: Iterable[LedgeredSink]) -> None:
+    """Make every merge transaction of these sinks (and dynamic tables) pass ``fence``."""
+    for sink in ledgered:
+        sink.fence = fence

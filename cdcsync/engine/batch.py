@@ -151,6 +151,8 @@ class SinkOutcome:
     skipped: bool
     rows_staged: int = 0
     rows_merged: int = 0
+    merge_seconds: float = 0.0
+    """How long the driver's merge (and ledger row) took; the run's metrics observe it."""
 
 
 def pending_sinks(
@@ -227,8 +229,14 @@ def merge_all(
     for sink_id, sink in pending.items():
         # ClickHouse: the executors inserted the rows, the merge records the batch; Postgres: the merge checks that
         # the stage holds what the tasks staged, then merges it.
+        started = time.monotonic()
         merged = sink.merge(keys[sink_id], staged[sink_id])
-        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[sink_id], rows_merged=merged or 0)
+        outcome[sink_id] = SinkOutcome(
+            skipped=merged is None,
+            rows_staged=staged[sink_id],
+            rows_merged=merged or 0,
+            merge_seconds=time.monotonic() - started,
+        )
     return outcome
 
 

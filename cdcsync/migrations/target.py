@@ -30,6 +30,7 @@ ChangeKind = Literal[
     "record_sources",
     "upgrade_aggregate",
     "upgrade_version",
+    "grant_roles",
 ]
 
 

@@ -200,9 +200,17 @@ def apicurio_registry_runner(cache_dir: Path | None = None) -> Path:
 
 
 def prefetch(*, with_debezium: bool = False) -> None:
-    """Resolve every artifact cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
+    """Resolve every artifact cdcsync needs into the cache now (``make`` runs this once), so later runs are offline;
+    and build the class-data-sharing archive that makes Spark start faster (:mod:`cdcsync.runtime.cds`)."""
+    from cdcsync.runtime.cds import build_archive
+
+    def cds_archive() -> list[Path]:
+        archive = build_archive()
+        return [] if archive is None else [archive]
+
     wanted = [
         ("spark kafka connector", spark_kafka_jars),
+        ("spark class-data-sharing archive", cds_archive),
         ("kafka broker", kafka_broker_jars),
         ("apicurio registry", lambda: [apicurio_registry_runner()]),
     ]

@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING
 
 from cdcsync.core.reports import Kind, Report, first_to_raise
 from cdcsync.db.dead_letters import DeadLetter, read_dead_letters, settle_replayed
+from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import land_batch
 from cdcsync.engine.graph import land_graph_batch
 from cdcsync.runtime.lock import PipelineLock
-from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, fence_sinks, source_decoder
+from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, source_decoder
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.kafka import DecodeTask
@@ -184,7 +185,7 @@ def _land(
     decode = source_decoder(pipeline, source_id, specs, writer=None)  # they decoded on the driver: none fails now
     sinks = build_sinks(pipeline, source_id, settings)
     graph = build_graph(pipeline, source_id, settings.postgres_dsn)
-    fence_sinks(lock.fence, sinks, graph)  # a merge commits only while the replay holds the lock
+    fence_all(lock.fence, [*sinks.values(), *(graph.tables.values() if graph else ())])  # only while locked
     if graph is None:
         land = functools.partial(land_batch, raw, batch_id, checkpoint_id, decode, sinks, pipeline_file)
     else:

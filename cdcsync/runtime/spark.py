@@ -49,14 +49,19 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     except ImportError as error:  # pragma: no cover - pyspark is a hard dependency
         raise DependencyError("pyspark is not installed", hint="pip install cdcsync (it depends on pyspark)") from error
 
+    from cdcsync.runtime.cds import driver_java_options
     from cdcsync.runtime.jars import spark_jars_conf
 
     # Resolves into the cdcsync cache unless already there (then no Java is started): a connector that cannot be
     # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
     conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **settings.spark.conf}
-    java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}"
-    conf["spark.driver.extraJavaOptions"] = f"{java_options} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
+    java_options = [
+        f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}",
+        driver_java_options(settings.spark.class_data_sharing),
+        conf.get("spark.driver.extraJavaOptions", ""),
+    ]
+    conf["spark.driver.extraJavaOptions"] = " ".join(option for option in java_options if option).strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", _current_python())

@@ -54,6 +54,49 @@ class PipelineStatus:
     running: LockHolder | None = None
     """The run holding the pipeline's lock, None when no run is streaming it."""
 
+    def to_json(self, pipeline: str) -> dict[str, Any]:
+        """The same facts as the tables ``cdcsync status`` prints, for scripts (``status --json``): times in ISO
+        8601 with their zone, absent values as null."""
+
+        def when(value: datetime | None) -> str | None:
+            return value.isoformat() if value is not None else None
+
+        holder = self.running
+        return {
+            "pipeline": pipeline,
+            "partitions": [
+                {
+                    "source": p.source,
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "processed_up_to": p.committed,
+                    "end_offset": p.end,
+                    "lag": p.lag,
+                }
+                for p in self.partitions
+            ],
+            "sinks": [
+                {
+                    "sink": s.sink,
+                    "target": s.target,
+                    "last_batch": s.last_batch,
+                    "committed_at": when(s.committed_at),
+                    "rows": s.rows,
+                }
+                for s in self.sinks
+            ],
+            "dead_letters": {"messages": self.dead_letters, "keys": self.dead_letter_keys},
+            "running": None
+            if holder is None
+            else {
+                "pid": holder.pid,
+                "host": holder.host,
+                "since": when(holder.since),
+                "backend_pid": holder.backend_pid,
+                "client_addr": holder.client_addr,
+            },
+        }
+
 
 def _end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:
     from confluent_kafka import Consumer, KafkaException, TopicPartition

@@ -30,27 +30,31 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SourceSchema
 from cdcsync.config.plugins import PluginSink
-from cdcsync.config.routing import table_source_id
+from cdcsync.config.routing import evolved_lookup, table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.db.fence import MergeFence
+from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
+from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.plugins import PluginTableSink
@@ -58,7 +62,14 @@ from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
-from cdcsync.sources.kafka import BrokerUnavailable, DecodeTask, TopicDecoders, broker_failure, spark_kafka_options
+from cdcsync.sources.kafka import (
+    BrokerUnavailable,
+    DecodeTask,
+    TopicDecoders,
+    query_broker_failure,
+    source_brokers,
+    spark_kafka_options,
+)
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
@@ -68,6 +79,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+_STALLED_S = 30.0
+"""``/healthz`` fails when the supervising loop has not gone round for this long."""
 _MAX_EVOLUTIONS_PER_BATCH = 20
 """Schema changes one batch may go through under ``schema_evolution: auto`` (each adds columns)."""
 _EVOLVE_LOCK = threading.Lock()
@@ -84,6 +97,7 @@ class SinkStats:
     rows_out: int = 0
     batches: int = 0
     skipped_batches: int = 0
+    merge_durations: Durations = field(default_factory=Durations)
 
 
 @dataclass
@@ -99,6 +113,8 @@ class SourceStats:
     last_batch_done_at: float | None = None
     waiting: str | None = None
     """What the batch in flight is retrying (a dependency that is away), while it does."""
+    durations: Durations = field(default_factory=Durations)
+    """Wall time of each batch the handler landed."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
 
 
@@ -111,6 +127,8 @@ class RunSnapshot:
     sinks: dict[str, SinkStats]
     sink_targets: dict[str, str]
     elapsed: float
+    sink_types: dict[str, str] = field(default_factory=dict)
+    """Sink id -> its YAML ``type`` (the metrics' ``operator_type``)."""
 
 
 class BatchHandler:
@@ -233,19 +251,12 @@ class BatchHandler:
         try:
             return land()
         except BrokerUnavailable as away:
-            raise away.naming(self.bootstrap_servers) from None
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """The brokers this source reads (its own ``options`` may name others than the settings do)."""
-        if self.settings is None:
-            return str(self.source.options.get("kafka.bootstrap.servers", "of the settings"))
-        return spark_kafka_options(self.pipeline.name, self.source, self.settings)["kafka.bootstrap.servers"]
+            raise away.naming(source_brokers(self.pipeline.name, self.source, self.settings)) from None
 
     def fence_sinks(self, fence: MergeFence | None) -> None:
         """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks)."""
         self.fence = fence
-        fence_sinks(fence, self.sinks, self.graph)
+        fence_all(fence, [*self.sinks.values(), *(self.graph.tables.values() if self.graph else ())])
 
     @property
     def retry_budget(self) -> RetryBudget:
@@ -327,13 +338,16 @@ class BatchHandler:
             stats.skipped_batches += int(result.skipped)
             stats.rows_in += result.rows_staged
             stats.rows_out += result.rows_merged
+            if not result.skipped:
+                stats.merge_durations.observe(result.merge_seconds)
         self.stats.batches += 1
         self.stats.last_batch_id = batch_id
         self.stats.last_batch_done_at = time.monotonic()
 
     def _process(self, raw: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         if self.stats.first_batch_at is None:
-            self.stats.first_batch_at = time.monotonic()
+            self.stats.first_batch_at = started
         dead_letters = self.spark_context.accumulator(0)
         decode = self._decoder(dead_letters)
         evolutions = 0
@@ -351,6 +365,7 @@ class BatchHandler:
                 decode = self._decoder(dead_letters)
         self.stats.dead_letters += int(dead_letters.value)
         self.record(outcome, batch_id)
+        self.stats.durations.observe(time.monotonic() - started)
 
 
 class PipelineRunner:
@@ -370,27 +385,82 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._ledger_checked = False
+        self._heartbeat: float | None = None
+        """When the supervising loop last went round (None before the queries start)."""
+        self._stop_deadline: threading.Timer | None = None
 
     def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM (a pod's shutdown) finish the batch in flight and stop; past
+        ``run.stop_timeout_s`` (or at a second signal) the process exits 1 at once, leaving that batch
+        uncommitted for the next run, so a shutdown is bounded even when a batch waits on a dependency."""
+
         def on_signal(signum: int, _frame: Any) -> None:
-            log.warning("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                self._exit_now(f"received {name} again")
+            timeout = self.settings.run.stop_timeout_s
+            log.warning("received %s: finishing the current batch (at most %gs), then stopping", name, timeout)
             self._stop.set()
+            self._stop_deadline = threading.Timer(
+                timeout, self._exit_now, args=(f"the batch in flight did not finish within {timeout:g}s",)
+            )
+            self._stop_deadline.daemon = True
+            self._stop_deadline.start()
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
+    def _exit_now(self, why: str) -> None:
+        """End the process without waiting for Spark: nothing uncommitted is lost (the checkpoint replays it, the
+        ledgers skip what landed), and the pipeline's lock goes with the process's Postgres session."""
+        log.error(
+            "pipeline '%s': %s; exiting now without committing it (the next run replays it)", self.pipeline.name, why
+        )
+        for stream in (sys.stderr, sys.stdout):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    def health(self) -> Health:
+        """What ``/healthz`` answers (:mod:`cdcsync.runtime.metrics`)."""
+        now = time.monotonic()
+        handlers = list(self.handlers.items())  # a scrape's thread: the main thread may be adding queries
+        done = [h.stats.last_batch_done_at for _, h in handlers if h.stats.last_batch_done_at is not None]
+        age = now - max(done) if done else None
+        failed = [source_id for source_id, h in handlers if h.failure is not None]
+        max_age = self.settings.metrics.max_batch_age_s
+        if self._stop.is_set():
+            return Health(False, "stopping", age)
+        if failed:
+            return Health(False, f"a batch of source '{failed[0]}' failed", age)
+        if self._heartbeat is None:
+            return Health(False, "starting", age)
+        if not all(query.isActive for query in list(self.queries.values())):
+            return Health(False, "a query has ended", age)
+        if now - self._heartbeat > _STALLED_S:
+            return Health(False, f"the supervising loop has not run for {now - self._heartbeat:.0f}s", age)
+        if max_age is not None and (now - self._started if age is None else age) > max_age:
+            return Health(False, f"no batch landed in the last {max_age:g}s (metrics.max_batch_age_s)", age)
+        return Health(True, "streaming", age)
+
     def snapshot(self) -> RunSnapshot:
+        """Also read by the metrics server's thread, so it copies the handlers first (queries may be starting)."""
+        handlers = list(self.handlers.items())
         sinks: dict[str, SinkStats] = {}
-        for handler in self.handlers.values():
+        sink_targets: dict[str, str] = {}  # as each handler knows them now (schema_evolution: auto may add tables)
+        sink_types: dict[str, str] = {}
+        for _, handler in handlers:
             sinks.update(handler.sink_stats)
+            for sid, sink in list(handler.sinks.items()):
+                sink_targets[sid] = sink.target_name
+                sink_types[sid] = sink.sink.type
         return RunSnapshot(
             pipeline=self.pipeline.name,
-            sources={sid: h.stats for sid, h in self.handlers.items()},
+            sources={sid: h.stats for sid, h in handlers},
             sinks=sinks,
-            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: sink.target_name for handler in self.handlers.values() for sid, sink in handler.sinks.items()
-            },
+            sink_targets=sink_targets,
             elapsed=time.monotonic() - self._started,
+            sink_types=sink_types,
         )
 
     @contextlib.contextmanager
@@ -437,7 +507,7 @@ class PipelineRunner:
                 handler, self.queries[plugin_source.id] = start_plugin_query(
                     spark, self.pipeline, plugin_source, self.settings, self.lock.ensure_held, self.available_now
                 )
-                fence_sinks(self.lock.fence, handler.sinks, None)
+                fence_all(self.lock.fence, handler.sinks.values())
                 self.handlers[plugin_source.id] = handler
             try:
                 self._supervise(on_progress)
@@ -445,6 +515,8 @@ class PipelineRunner:
                 for query in self.queries.values():
                     if query.isActive:
                         query.stop()
+                if self._stop_deadline is not None:
+                    self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()
         return self.snapshot()
 
@@ -490,6 +562,7 @@ class PipelineRunner:
     def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
         stopping = False
         while any(q.isActive for q in self.queries.values()):
+            self._heartbeat = time.monotonic()
             self._refresh_progress()
             if on_progress is not None:
                 on_progress(self.snapshot())
@@ -501,7 +574,7 @@ class PipelineRunner:
                     handler.request_stop()
                 for query in self.queries.values():
                     query.stop()
-            time.sleep(_POLL_SECONDS)
+            _await_any(self.queries.values(), _POLL_SECONDS)
         self._refresh_progress()
         if on_progress is not None:
             on_progress(self.snapshot())
@@ -527,18 +600,24 @@ class PipelineRunner:
             query = self.queries.get(source_id)
             error = query.exception() if query is not None else None
             if query is not None and error is not None and "StopRequested" not in str(error):
-                away = broker_failure(_java_failure(query))
+                away = query_broker_failure(query)
                 if away is not None:  # the driver's offset requests gave up (Spark's fetchOffset.numRetries)
-                    raise away.naming(handler.bootstrap_servers).add_context(f"source '{source_id}'")
+                    brokers = source_brokers(self.pipeline.name, self.pipeline.sources[source_id], self.settings)
+                    raise away.naming(brokers).add_context(f"source '{source_id}'")
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
 
 
-def _java_failure(query: StreamingQuery) -> object:
-    """The Java throwable that ended ``query``: PySpark's ``exception()`` keeps only the text of a cause it has no
-    Python class for (Kafka's), and :func:`~cdcsync.sources.kafka.broker_failure` needs its class."""
-    failure = query._jsq.exception()  # PySpark has no public accessor for the Java object
-    return failure.get() if failure.isDefined() else None
+def _await_any(queries: Iterable[StreamingQuery], timeout_s: float) -> None:
+    """Wait up to ``timeout_s``, returning as soon as an active query ends: an ``--available-now`` run exits when
+    its last batch is done, not up to a poll interval later. A query that failed is reported by the caller."""
+    from pyspark.errors import StreamingQueryException
+
+    active = next((query for query in queries if query.isActive), None)
+    if active is None:
+        return
+    with contextlib.suppress(StreamingQueryException):
+        active.awaitTermination(cast(int, timeout_s))  # typed int, takes seconds as any number (pyspark 4)
 
 
 def retry_budget(settings: Settings | None) -> RetryBudget:
@@ -564,35 +643,12 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
     return sinks
 
 
-def fence_sinks(fence: MergeFence | None, sinks: dict[str, BatchSink], graph: SourceGraph | None) -> None:
-    """Make every merge transaction of ``sinks`` and of ``graph``'s stored dynamic tables pass ``fence``."""
-    for sink in sinks.values():
-        sink.fence = fence
-    for table in graph.tables.values() if graph is not None else ():
-        table.fence = fence
-
-
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
     # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
     # sink's own executor pass (cdcsync.transforms.plugins).
     sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in pipeline.sinks_of(source_id).items()}
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
-
-
-def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
-    """``recorded`` with ``schema`` as the schema of source ``changed_id``, which reads ``topic``: a source of
-    its own, or a table (new or not) of a ``topic_pattern`` source."""
-
-    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
-        found = recorded(pipeline_name, source_id, source)
-        if source_id == changed_id:
-            return schema
-        if isinstance(found, dict) and table_source_id(source_id, topic) == changed_id:
-            return {**found, topic: schema}
-        return found
-
-    return lookup
 
 
 def source_decoder(

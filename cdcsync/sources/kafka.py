@@ -94,6 +94,20 @@ def broker_failure(error: object) -> BrokerUnavailable | None:
     return None
 
 
+def query_broker_failure(query: Any) -> BrokerUnavailable | None:
+    """The broker outage that ended a streaming query, if it did. PySpark's ``exception()`` keeps only the text of
+    a cause it has no Python class for (Kafka's), so the Java throwable is asked for (no public accessor)."""
+    failure = query._jsq.exception()
+    return broker_failure(failure.get()) if failure.isDefined() else None
+
+
+def source_brokers(pipeline_name: str, source: KafkaSource, settings: Settings | None) -> str:
+    """The brokers a source reads (its own ``options`` may name others than the settings do)."""
+    if settings is None:
+        return str(source.options.get("kafka.bootstrap.servers", "of the settings"))
+    return spark_kafka_options(pipeline_name, source, settings)["kafka.bootstrap.servers"]
+
+
 def _java_causes(error: object) -> Iterator[Any]:
     """The Java throwables behind a PySpark exception (a captured exception's origin, or a Py4JJavaError's), and
     each one's causes; or a Java throwable and its causes."""
