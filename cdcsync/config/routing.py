@@ -20,9 +20,13 @@ other source and sink.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 PLACEHOLDERS = ("schema", "table", "topic")
 _PLACEHOLDER_RE = re.compile(r"\$?\{([^{}]*)\}")
+
+if TYPE_CHECKING:
+    from cdcsync.config.pipeline import KafkaSource, SchemaLookup, SourceSchema, TopicSchemas
 
 
 def table_source_id(source_id: str, topic: str) -> str:
@@ -80,3 +84,18 @@ def render_name(template: str, topic: str) -> str:
             "use {topic}, or narrow topic_pattern"
         )
     return _PLACEHOLDER_RE.sub(lambda match: values[match.group(1).strip()], template)
+
+
+def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
+    """``recorded`` with ``schema`` as the schema of source ``changed_id``, which reads ``topic``: a source of
+    its own, or a table (new or not) of a ``topic_pattern`` source."""
+
+    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
+        found = recorded(pipeline_name, source_id, source)
+        if source_id == changed_id:
+            return schema
+        if isinstance(found, dict) and table_source_id(source_id, topic) == changed_id:
+            return {**found, topic: schema}
+        return found
+
+    return lookup

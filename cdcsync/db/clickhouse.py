@@ -56,6 +56,11 @@ def count_rows(client: Any, database: str, table: str) -> int:
     return int(client.command(render("clickhouse/runtime/count_rows.sql.j2", target=(database, table))))
 
 
+def raw_rows(client: Any, database: str, table: str) -> int:
+    """Every row the table holds, superseded and deleted ones too (from the parts' metadata, no scan)."""
+    return int(client.command(render("clickhouse/runtime/raw_rows.sql.j2", target=(database, table))))
+
+
 def connect_from_settings(settings: Settings) -> Any:
     """A client for ``CDCSYNC__CLICKHOUSE__URL``; an unreachable server is a retriable ServiceError (URL redacted)."""
     from cdcsync.config.settings import redact_dsn

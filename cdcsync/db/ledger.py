@@ -15,10 +15,12 @@ the checkpoint (:mod:`cdcsync.runtime.checkpoint`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import CheckpointAheadError, SinkError
+from cdcsync.db.fence import MergeFence
 from cdcsync.db.retry import classify_postgres_error
 from cdcsync.sql.render import render
 
@@ -46,6 +48,8 @@ class LedgeredSink:
         self._ledger_lookup_sql = render("postgres/runtime/ledger_lookup.sql.j2")
         self._ledger_record_sql = render("postgres/runtime/ledger_record.sql.j2")
         self._ledger_rows_sql = render("postgres/runtime/ledger_rows_written.sql.j2")
+        self.fence: MergeFence | None = None
+        """Set by the run that holds the pipeline's lock: each merge transaction passes it before writing."""
 
     @property
     def label(self) -> str:
@@ -94,18 +98,24 @@ class LedgeredSink:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
 
     def record_landed(self, ledger_key: dict[str, Any], rows_written: int) -> bool:
-        """Record a batch whose target was written outside the ledger's transaction (ClickHouse's inserts, a
-        Delta commit), with its rows; False when another attempt recorded it first."""
+        """Record a batch whose target was written outside the ledger's transaction (a Delta commit), with its
+        rows, while this run still owns the pipeline; False when another attempt recorded it first."""
         import psycopg
 
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
+                self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     return False
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_written})
         except psycopg.Error as error:
             raise self._error(f"recording batch {ledger_key['batch_id']} in the ledger", error) from None
         return True
+
+    def enter_fence(self, conn: Any) -> None:
+        """First in a merge transaction: go on only while this run owns the pipeline (:mod:`cdcsync.db.fence`)."""
+        if self.fence is not None:
+            self.fence.check(conn)
 
     def _error(self, doing: str, error: Exception) -> SinkError:
         """A Postgres failure as this sink's error: what it was doing, the first line of the cause, retriable
@@ -142,3 +152,26 @@ def recorded_offsets(conn: Any, pipeline: str, sink: str, checkpoint_id: str, ba
         {"pipeline": pipeline, "sink": sink, "checkpoint_id": checkpoint_id, "batch_id": batch_id},
     ).fetchone()
     return row[0] if row and row[0] is not None else None
+
+
+def rows_written_by_sink(conn: Any, pipeline: str, checkpoint_id: str, sinks: list[str]) -> dict[str, int]:
+    """Per sink with batches of ``checkpoint_id``: the rows the ledger says they wrote."""
+    rows = conn.execute(
+        render("postgres/runtime/ledger_rows_by_sink.sql.j2"),
+        {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "sinks": sinks},
+    ).fetchall()
+    return {sink: int(written or 0) for sink, written in rows}
+
+
+def forget_sink(conn: Any, pipeline: str, checkpoint_id: str, sink: str) -> None:
+    """Delete a sink's ledger rows of ``checkpoint_id``: its target lost them, and they are to land again."""
+    conn.execute(
+        render("postgres/runtime/ledger_forget.sql.j2"),
+        {"pipeline": pipeline, "checkpoint_id": checkpoint_id, "sink": sink},
+    )
+
+
+def fence_all(fence: MergeFence | None, ledgered: Iterable[LedgeredSink]) -> None:
+    """Make every merge transaction of these sinks (and dynamic tables) pass ``fence``."""
+    for sink in ledgered:
+        sink.fence = fence

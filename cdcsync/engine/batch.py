@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
+from cdcsync.core.errors import CdcsyncError
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
@@ -30,7 +31,7 @@ from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
-from cdcsync.sources.kafka import DecodeTask, TopicDecoders, decoder_input
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, broker_failure, decoder_input
 from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
@@ -184,12 +185,21 @@ def stage(
     try:
         counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
-        raise executor_error(error, f"staging batch {batch_id}", pipeline_file) from None
+        raise job_error(error, f"staging batch {batch_id}", pipeline_file) from None
     raise_reported([row["report"] for row in counts if row["report"]], f"staging batch {batch_id}", pipeline_file)
     staged = [0] * len(task.writers)
     for row in counts:
         staged[row["sink"]] += row["rows"]
     return staged
+
+
+def job_error(error: BaseException, doing: str, pipeline_file: str) -> CdcsyncError:
+    """What a failed Spark job over the batch's Kafka rows stands for: the broker away (retriable), else what its
+    tasks reported (:func:`~cdcsync.db.executor_errors.executor_error`)."""
+    broker = broker_failure(error)
+    if broker is not None:
+        return broker.add_context(doing)
+    return executor_error(error, doing, pipeline_file)
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from cdcsync.config.plan import (
     prior_keys_view,
 )
 from cdcsync.core.reports import ReportedFailure
-from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.engine.batch import (
     BatchSink,
     SinkOutcome,
     StageRowsTask,
     executor_sinks,
+    job_error,
     merge_all,
     pending_sinks,
     raise_reported,
@@ -131,9 +131,9 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
     try:
         # Scans every partition, so this also fills the cache that the later steps read.
         failures = decoded.where(F.col(_FAILURE).isNotNull()).select(_FAILURE).collect()
-    except Exception as error:  # Spark wraps executor failures; see executor_error
+    except Exception as error:  # Spark wraps executor failures; see job_error
         decoded.unpersist()
-        raise executor_error(error, f"decoding batch {batch_id}", pipeline_file) from None
+        raise job_error(error, f"decoding batch {batch_id}", pipeline_file) from None
     if failures:
         decoded.unpersist()
         raise_reported([row[0] for row in failures], f"decoding batch {batch_id}", pipeline_file)

@@ -11,6 +11,13 @@ time: a restore, a failover to a replica that had not caught up) or never had th
 pipeline had run). ``run`` then lands nothing and names the way on, :func:`rewind_to_ledger`, which deletes the
 checkpoint's batches after the last one every sink has, so Spark reads the rest again. Batch ids after that point
 are re-planned: a sink that has one with other offset ranges applies it again, idempotently (:mod:`cdcsync.db.ledger`).
+
+A ClickHouse sink's ledger rows live in Postgres, so a ClickHouse table that goes back on its own (truncated,
+restored from a copy) leaves them behind. What can be told without doubt is checked here too: a table holding no
+row at all while the ledger says the sink's batches wrote some (:func:`emptied_clickhouse_sinks`). Rewinding then
+forgets that sink's ledger rows of the checkpoint and reads the source again from its start. A table restored to
+a copy with some of its batches holds nothing that says which (no batch column; merges and ``OPTIMIZE … CLEANUP``
+remove rows legitimately), so that case is not detected: docs/operations.md says how to rebuild such a sink.
 """
 
 from __future__ import annotations
@@ -20,9 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
+from cdcsync.config.pipeline import ClickHouseSink, RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.core.errors import CdcsyncError, CheckpointAheadError
-from cdcsync.db.ledger import REWIND_HINT, OffsetRanges, first_missing, recorded_offsets
+from cdcsync.db.clickhouse import connect_from_settings, raw_rows, wrap_clickhouse_error
+from cdcsync.db.ledger import (
+    REWIND_HINT,
+    OffsetRanges,
+    first_missing,
+    forget_sink,
+    recorded_offsets,
+    rows_written_by_sink,
+)
 from cdcsync.engine.graph import SourceGraph
 
 if TYPE_CHECKING:
@@ -113,8 +128,13 @@ class LedgerGap:
     last_committed: int
     has_batches: bool
     """False when the sink has no batch of this checkpoint at all (added later, or restored to before it ran)."""
+    emptied: str | None = None
+    """A ClickHouse sink's table that holds no row although the ledger has its batches (see the module doc)."""
+    checkpoint_id: str = ""
 
     def describe(self) -> str:
+        if self.emptied is not None:
+            return f"sink '{self.sink}' has them in the ledger, but its ClickHouse table {self.emptied} holds no rows"
         if not self.has_batches:
             return f"sink '{self.sink}' has none of them"
         return f"sink '{self.sink}' lacks batches {self.missing_from} to {self.last_committed}"
@@ -144,8 +164,13 @@ def ledger_gaps(conn: Any, pipeline: Pipeline, settings: Settings) -> list[Ledge
         if query_id is None or last < 0:
             continue
         ids = _ledger_ids(pipeline, source_id, settings.postgres_dsn)
+        emptied = emptied_clickhouse_sinks(conn, pipeline, settings, source_id, query_id)
+        for sink_id, table in sorted(emptied.items()):
+            gaps.append(LedgerGap(source_id, sink_id, 0, last, has_batches=True, emptied=table, checkpoint_id=query_id))
         for sink_id, ledger in sorted(first_missing(conn, pipeline.name, query_id, sorted(ids)).items()):
             routed = ids[sink_id]
+            if sink_id in emptied:
+                continue
             if ledger.first_batch is None:
                 if not routed:  # a routed table's sink without batches: its table is new
                     gaps.append(LedgerGap(source_id, sink_id, 0, last, has_batches=False))
@@ -154,6 +179,34 @@ def ledger_gaps(conn: Any, pipeline: Pipeline, settings: Settings) -> list[Ledge
             elif ledger.first_missing <= last:
                 gaps.append(LedgerGap(source_id, sink_id, ledger.first_missing, last, has_batches=True))
     return gaps
+
+
+def emptied_clickhouse_sinks(
+    conn: Any, pipeline: Pipeline, settings: Settings, source_id: str, query_id: str
+) -> dict[str, str]:
+    """The ClickHouse sinks of ``source_id`` (with their tables) whose table holds no row although the ledger says
+    their batches of this checkpoint wrote some: it was truncated, or restored from an empty or early copy."""
+    sinks = {sid: s for sid, s in pipeline.sinks_of(source_id).items() if isinstance(s, ClickHouseSink)}
+    written = rows_written_by_sink(conn, pipeline.name, query_id, sorted(sinks)) if sinks else {}
+    suspects = sorted(sink_id for sink_id, rows in written.items() if rows > 0)
+    if not suspects:
+        return {}
+    client = connect_from_settings(settings)
+    emptied: dict[str, str] = {}
+    try:
+        for sink_id in suspects:
+            sink = sinks[sink_id]
+            try:
+                empty = raw_rows(client, sink.database, sink.table) == 0
+            except Exception as error:
+                raise wrap_clickhouse_error(
+                    error, f"sink '{sink_id}': counting the rows of {sink.database}.{sink.table}"
+                ) from None
+            if empty:
+                emptied[sink_id] = f"{sink.database}.{sink.table}"
+    finally:
+        client.close()
+    return emptied
 
 
 def check_ledger(conn: Any, pipeline: Pipeline, settings: Settings) -> None:
@@ -172,8 +225,8 @@ def check_ledger(conn: Any, pipeline: Pipeline, settings: Settings) -> None:
     pipeline_file = str(pipeline.path) if pipeline.path else "PIPELINE.yaml"
     raise CheckpointAheadError(
         "; ".join(parts) + ". The target went back in time (restored from a backup, failed over to a replica that "
-        "had not caught up), or a sink was added after the pipeline had run: those changes would never reach it. "
-        "Nothing was run",
+        "had not caught up, a ClickHouse table truncated), or a sink was added after the pipeline had run: those "
+        "changes would never reach it. Nothing was run",
         hint=REWIND_HINT.format(pipeline_file=pipeline_file)
         + ": the sources read again from the end of the last batch every sink has (a new sink: from their start)",
     )
@@ -201,6 +254,8 @@ def rewind_to_ledger(conn: Any, pipeline: Pipeline, settings: Settings) -> list[
     gaps: dict[str, int] = {}
     for gap in ledger_gaps(conn, pipeline, settings):
         gaps[gap.source] = min(gaps.get(gap.source, gap.missing_from), gap.missing_from)
+        if gap.emptied is not None:  # its ledger rows name batches its table lost: they are to land again
+            forget_sink(conn, pipeline.name, gap.checkpoint_id, gap.sink)
     done: list[Rewound] = []
     for source_id, missing_from in sorted(gaps.items()):
         checkpoint_dir = settings.checkpoint_dir(pipeline.name, source_id)

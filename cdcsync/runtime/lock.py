@@ -20,15 +20,17 @@ in the target database, before Spark starts and before anything touches a stage 
   that; ``run --wait`` polls instead (every :data:`WAIT_POLL_MIN_S` growing to :data:`WAIT_POLL_MAX_S` seconds,
   the holder logged once per holder) and starts when the lock is free. ``cdcsync status`` shows the holder.
 * A Postgres restart (or ``pg_terminate_backend`` on the lock's session) ends the session and releases the lock
-  while the run goes on. The run therefore checks the lock before every batch (:meth:`PipelineLock.ensure_held`):
-  it takes it again when it is free, and stops (exit 1) when another run took it in between, before staging
-  anything. The check is not a fence: a batch already past it when the session drops still lands (and is
-  ledgered) while a new holder may be starting up.
+  while the run goes on. The run therefore checks the lock before every attempt of a batch
+  (:meth:`PipelineLock.ensure_held`): it takes it again when it is free, and stops (exit 1) when another run took
+  it in between, before staging anything.
+* That check alone would not fence a batch already past it when the session drops. So every merge transaction
+  checks that the run still holds the lock (:attr:`PipelineLock.fence`, :mod:`cdcsync.db.fence`), and a run that
+  takes the lock first waits for the merges already inside that check to end: a merge commits only while its run
+  owns the pipeline, and a run that was fenced out stops (exit 1) without merging.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -41,6 +43,7 @@ from typing import Any
 
 from cdcsync.config.settings import redact_dsn
 from cdcsync.core.errors import PipelineLocked, ServiceError
+from cdcsync.db.fence import MergeFence, barrier, lock_key, lock_session
 from cdcsync.db.retry import classify_postgres_error
 from cdcsync.sql.render import render
 
@@ -56,18 +59,6 @@ _APPLICATION_NAME_BYTES = 63
 _HOLDER_NAME = re.compile(r"^cdcsync (\d+)@(\S+)")
 _REFUSED_RETRIES = 3
 """Attempts without ``--wait`` when the lock was refused but its holder was gone by the time it was read."""
-
-
-def lock_key(pipeline: str) -> int:
-    """The advisory lock key of ``pipeline``: a signed 64-bit number, the same on every machine and release."""
-    digest = hashlib.blake2b(f"cdcsync pipeline lock\0{pipeline}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def _key_halves(key: int) -> dict[str, int]:
-    """``classid`` and ``objid`` of ``key`` as pg_locks shows them."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF}
 
 
 @dataclass(frozen=True)
@@ -90,8 +81,7 @@ class LockHolder:
 
 def lock_holder(conn: Any, pipeline: str) -> LockHolder | None:
     """Who holds ``pipeline``'s lock in ``conn``'s database, or None when nobody does."""
-    sql = render("postgres/runtime/pipeline_lock_holder.sql.j2")
-    row = conn.execute(sql, _key_halves(lock_key(pipeline))).fetchone()
+    row = lock_session(conn, pipeline)
     if row is None:
         return None
     backend_pid, application_name, since, client_addr = row
@@ -120,6 +110,8 @@ class PipelineLock:
         self._conn: Any = None
         self._guard = threading.Lock()
         """ensure_held runs on every source's batch thread."""
+        self.fence = MergeFence(pipeline)
+        """What this run's merges check (:mod:`cdcsync.db.fence`): kept naming the session holding the lock."""
 
     @property
     def held(self) -> bool:
@@ -225,6 +217,10 @@ class PipelineLock:
                 render("postgres/runtime/pipeline_lock_try.sql.j2"), {"key": lock_key(self.pipeline)}
             ).fetchone()
             if row is not None and row[0]:
+                # Named before the barrier: this run's own merges on other sources' threads may be inside the fence
+                # and must pass it (the barrier waits for them); an earlier owner's merges then find it taken.
+                self.fence.holder = conn.info.backend_pid
+                barrier(conn, self.pipeline)
                 self._conn = conn
                 return None
             holder = lock_holder(conn, self.pipeline)
@@ -235,6 +231,7 @@ class PipelineLock:
         return holder
 
     def _close(self) -> None:
+        self.fence.holder = None
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()  # ends the session, which releases the lock

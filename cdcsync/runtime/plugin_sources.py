@@ -64,7 +64,8 @@ class PluginSourceHandler(BatchHandler):
         changes = with_metadata(raw, self.step, batch_id)
         land = functools.partial(land_rows, changes, batch_id, self.checkpoint_id, self.sinks, pipeline_file)
         describe = f"source '{self.source_id}' batch {batch_id}"
-        outcome = with_retries(land, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
+        attempt = functools.partial(self._attempt, land)  # the lock check first, as for Kafka sources
+        outcome = with_retries(attempt, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
         self.record(outcome, batch_id)
 
 

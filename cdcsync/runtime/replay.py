@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.core.reports import Kind, Report, first_to_raise
 from cdcsync.db.dead_letters import DeadLetter, read_dead_letters, settle_replayed
+from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import land_batch
 from cdcsync.engine.graph import land_graph_batch
@@ -103,7 +104,7 @@ def replay_dead_letters(
             if applied:
                 if spark is None:
                     spark = start_spark()
-                _land(spark, pipeline, settings, source_id, specs, applied, pipeline_file)
+                _land(spark, pipeline, settings, source_id, specs, applied, pipeline_file, lock)
             settle_replayed(settings.postgres_dsn, pipeline.name, [x.id for x in applied], failing)
             result.applied = len(applied)
     return results
@@ -175,6 +176,7 @@ def _land(
     specs: dict[str, DecodeSpec],
     letters: list[DeadLetter],
     pipeline_file: str,
+    lock: PipelineLock,
 ) -> None:
     # One task reads them all, in Kafka order: each key's changes meet in one task, as in a streamed batch.
     raw = spark.createDataFrame(kafka_rows(letters)).coalesce(1)
@@ -183,6 +185,7 @@ def _land(
     decode = source_decoder(pipeline, source_id, specs, writer=None)  # they decoded on the driver: none fails now
     sinks = build_sinks(pipeline, source_id, settings)
     graph = build_graph(pipeline, source_id, settings.postgres_dsn)
+    fence_all(lock.fence, [*sinks.values(), *(graph.tables.values() if graph else ())])  # only while locked
     if graph is None:
         land = functools.partial(land_batch, raw, batch_id, checkpoint_id, decode, sinks, pipeline_file)
     else:

@@ -16,7 +16,9 @@ and refuses a checkpoint that is past what a sink holds (:mod:`cdcsync.runtime.c
 rows record the offset ranges it read.
 
 One runner per pipeline: :meth:`PipelineRunner.locked` holds the pipeline's lock (:mod:`cdcsync.runtime.lock`)
-from before Spark starts until the queries have stopped, and every batch checks it before it stages anything.
+from before Spark starts until the queries have stopped; every attempt of a batch checks it before it stages
+anything, and every merge transaction passes the lock's fence (:mod:`cdcsync.db.fence`), so a run whose lock
+was taken over merges nothing more.
 
 Stopping: a signal sets a flag. A batch in flight finishes; a batch that has not started refuses to start
 (raising :class:`StopRequested`, which leaves it uncommitted for the next run), then the queries are stopped.
@@ -39,20 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
-from cdcsync.config.pipeline import (
-    ClickHouseSink,
-    DeltaSink,
-    KafkaSource,
-    Pipeline,
-    SchemaLookup,
-    SourceSchema,
-    TopicSchemas,
-)
+from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, KafkaSource, Pipeline, SourceSchema
 from cdcsync.config.plugins import PluginSink
-from cdcsync.config.routing import table_source_id
+from cdcsync.config.routing import evolved_lookup, table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
 from cdcsync.db.dead_letters import DeadLetterWriter
+from cdcsync.db.fence import MergeFence
+from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
@@ -67,7 +63,14 @@ from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
-from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
+from cdcsync.sources.kafka import (
+    BrokerUnavailable,
+    DecodeTask,
+    TopicDecoders,
+    query_broker_failure,
+    source_brokers,
+    spark_kafka_options,
+)
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
@@ -171,7 +174,9 @@ class BatchHandler:
         self._idle = threading.Condition(self._lock)
         self._checkpoint_id: str | None = None
         self.lock_guard: Callable[[], None] | None = None
-        """Called before each batch: raises when the run no longer holds the pipeline's lock."""
+        """Called before each attempt of a batch: raises when the run no longer holds the pipeline's lock."""
+        self.fence: MergeFence | None = None
+        """The lock's fence, which every merge transaction of this source's sinks passes (:meth:`fence_sinks`)."""
 
     # -- stop protocol -------------------------------------------------------------------------------------
     def request_stop(self, timeout: float | None = None) -> None:
@@ -187,8 +192,6 @@ class BatchHandler:
                 raise StopRequested()
             self._in_batch = True
         try:
-            if self.lock_guard is not None:
-                self.lock_guard()
             self._process(changes, batch_id)
         except CdcsyncError as error:
             self.failure = error.add_context(f"source '{self.source_id}', batch {batch_id}")
@@ -237,7 +240,24 @@ class BatchHandler:
                 offsets,
             )
         describe = f"source '{self.source_id}' batch {batch_id}"
-        return with_retries(land, describe=describe, budget=self.retry_budget, on_wait=self._waiting)
+        return with_retries(
+            functools.partial(self._attempt, land), describe=describe, budget=self.retry_budget, on_wait=self._waiting
+        )
+
+    def _attempt(self, land: Callable[[], dict[str, SinkOutcome]]) -> dict[str, SinkOutcome]:
+        """One attempt of the batch, after the lock check: a retry after Postgres came back takes the lock again
+        (its session ended with the server) before it stages."""
+        if self.lock_guard is not None:
+            self.lock_guard()
+        try:
+            return land()
+        except BrokerUnavailable as away:
+            raise away.naming(source_brokers(self.pipeline.name, self.source, self.settings)) from None
+
+    def fence_sinks(self, fence: MergeFence | None) -> None:
+        """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks)."""
+        self.fence = fence
+        fence_all(fence, [*self.sinks.values(), *(self.graph.tables.values() if self.graph else ())])
 
     @property
     def retry_budget(self) -> RetryBudget:
@@ -279,6 +299,7 @@ class BatchHandler:
             raise change.add_context("schema_evolution: auto changed nothing")
         self.sinks = build_sinks(self.pipeline, self.source_id, self.settings)
         self.graph = build_graph(self.pipeline, self.source_id, self.settings.postgres_dsn)
+        self.fence_sinks(self.fence)
         log.warning(
             "source '%s': schema_evolution auto: topic %s %s at partition %d, offset %d; wrote and applied %s; "
             "landing batch %d again",
@@ -483,9 +504,12 @@ class PipelineRunner:
             for plugin_source in self.pipeline.plan.plugin_sources.values():
                 from cdcsync.runtime.plugin_sources import start_plugin_query
 
-                self.handlers[plugin_source.id], self.queries[plugin_source.id] = start_plugin_query(
-                    spark, self.pipeline, plugin_source, self.settings, self._check_lock, self.available_now
+                assert self.lock is not None
+                handler, self.queries[plugin_source.id] = start_plugin_query(
+                    spark, self.pipeline, plugin_source, self.settings, self.lock.ensure_held, self.available_now
                 )
+                fence_all(self.lock.fence, handler.sinks.values())
+                self.handlers[plugin_source.id] = handler
             try:
                 self._supervise(on_progress)
             finally:
@@ -496,15 +520,6 @@ class PipelineRunner:
                     self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()
         return self.snapshot()
-
-    def _check_lock(self) -> None:
-        lock = self.lock
-        assert lock is not None, "batches run only inside locked()"
-        with_retries(
-            lock.ensure_held,
-            describe=f"pipeline '{self.pipeline.name}': checking its lock",
-            budget=retry_budget(self.settings),
-        )
 
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
@@ -524,7 +539,10 @@ class PipelineRunner:
             schema_registry=SchemaRegistryAccess.from_settings(self.settings),
             settings=self.settings,
         )
-        handler.lock_guard = self._check_lock
+        assert self.lock is not None, "queries start only inside locked()"
+        # Inside the batch's retries: an outage of Postgres is waited out (and reported) once, by the batch.
+        handler.lock_guard = self.lock.ensure_held
+        handler.fence_sinks(self.lock.fence)
         self.handlers[source_id] = handler
 
         reader = spark.readStream.format("kafka")
@@ -586,7 +604,11 @@ class PipelineRunner:
                 raise handler.failure
             query = self.queries.get(source_id)
             error = query.exception() if query is not None else None
-            if error is not None and "StopRequested" not in str(error):
+            if query is not None and error is not None and "StopRequested" not in str(error):
+                away = query_broker_failure(query)
+                if away is not None:  # the driver's offset requests gave up (Spark's fetchOffset.numRetries)
+                    brokers = source_brokers(self.pipeline.name, self.pipeline.sources[source_id], self.settings)
+                    raise away.naming(brokers).add_context(f"source '{source_id}'")
                 message = str(error).strip().splitlines()[0][:500]
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
 
@@ -636,21 +658,6 @@ def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | N
     sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in sinks.items()}
     frames = any(isinstance(sink, DeltaSink) for sink in sinks.values())
     return SourceGraph.of(pipeline, source_id, sink_inputs, dsn, frames=frames)
-
-
-def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:
-    """``recorded`` with ``schema`` as the schema of source ``changed_id``, which reads ``topic``: a source of
-    its own, or a table (new or not) of a ``topic_pattern`` source."""
-
-    def lookup(pipeline_name: str, source_id: str, source: KafkaSource) -> SourceSchema | TopicSchemas | str | None:
-        found = recorded(pipeline_name, source_id, source)
-        if source_id == changed_id:
-            return schema
-        if isinstance(found, dict) and table_source_id(source_id, topic) == changed_id:
-            return {**found, topic: schema}
-        return found
-
-    return lookup
 
 
 def source_decoder(

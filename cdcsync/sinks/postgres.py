@@ -305,6 +305,7 @@ class PostgresUpsertSink(LedgeredSink):
         batch_id = ledger_key["batch_id"]
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
+                self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
                 found = conn.execute(self._count_sql, {"batch_id": batch_id}).fetchone()

@@ -37,6 +37,7 @@ class RecordedSink(LedgeredSink):
 
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
+                self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     return None
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_staged})

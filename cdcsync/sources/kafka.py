@@ -8,13 +8,19 @@ message, and the driver turns that into a :class:`~cdcsync.core.errors.Undecodab
 has a column the source lacks (or a recorded column of another type) fails the task whatever ``on_decode_error``
 says: it is no bad message but a pipeline behind its source (a :class:`~cdcsync.core.errors.SchemaChangeError`).
 Either failure is a :class:`~cdcsync.core.reports.Report` raised as :class:`~cdcsync.core.reports.ReportedFailure`.
+
+A broker that is away fails Spark's Kafka reader, not a decode: its consumer retries by itself inside a task
+(``kafkaConsumer.pollTimeoutMs``, then ``default.api.timeout.ms`` for the offset range), so an outage shorter than
+that passes unnoticed; a longer one fails the task, and the job, with one of Kafka's retriable exceptions (or the
+reader's own ``java.util.concurrent.TimeoutException``). :func:`broker_failure` recognises it by the Java classes
+in the failure's causes, never by its text, so the batch is retried and finally reported as the broker's outage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
@@ -38,6 +44,100 @@ structs) to Arrow costs more than decoding the JSON itself, and the JSON envelop
 
 FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.max.bytes": str(64 << 20)}
 """Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
+
+
+_KAFKA_RETRIABLE = "org.apache.kafka.common.errors.RetriableException"
+"""Superclass of Kafka's client errors worth retrying: timeouts, disconnects, a leader not available."""
+_FETCH_TIMEOUT = "java.util.concurrent.TimeoutException"
+_SPARK_KAFKA_PACKAGE = "org.apache.spark.sql.kafka010."
+"""Spark's Kafka reader throws :data:`_FETCH_TIMEOUT` itself when a poll brought nothing before its timeout."""
+_MAX_CAUSES = 32
+
+
+class BrokerUnavailable(ServiceError):
+    """Spark's Kafka reader could not reach the brokers (see the module doc): retriable, nothing dead-lettered."""
+
+    def __init__(self, detail: str, bootstrap: str | None = None) -> None:
+        self.detail = detail
+        where = f" at {bootstrap}" if bootstrap else ""
+        super().__init__(
+            f"the Kafka broker{where} did not answer: {detail}",
+            hint=(
+                "check that the brokers in CDCSYNC__KAFKA__BOOTSTRAP_SERVERS are up and reachable from this host, then "
+                "run again: the batch was not committed, nothing was merged or dead-lettered, and the next run "
+                "replays it. A longer outage can be ridden out with a larger CDCSYNC__RETRY__BUDGET_S"
+            ),
+            retriable=True,
+        )
+
+    def naming(self, bootstrap: str) -> BrokerUnavailable:
+        """The same failure, naming the brokers it could not reach."""
+        named = BrokerUnavailable(self.detail, bootstrap)
+        named.context = list(self.context)
+        return named
+
+
+def broker_failure(error: object) -> BrokerUnavailable | None:
+    """The broker outage a failed Spark job or query stands for, if it does (see the module doc); else None.
+
+    ``error``: the PySpark exception of a failed job, or a Java throwable itself (a query's failure: PySpark keeps
+    only the text of a cause it has no class for, so the caller asks the query for the throwable)."""
+    try:
+        for throwable in _java_causes(error):
+            classes = _java_classes(throwable)
+            reader_timeout = classes[0] == _FETCH_TIMEOUT and _thrown_by_spark_kafka(throwable)
+            if _KAFKA_RETRIABLE in classes or reader_timeout:
+                message = str(throwable.getMessage() or "").strip().splitlines()
+                return BrokerUnavailable(f"{classes[0].rsplit('.', 1)[-1]}: {message[0] if message else ''}".strip())
+    except Exception:  # the JVM went away while asked: not a broker outage cdcsync can name
+        return None
+    return None
+
+
+def query_broker_failure(query: Any) -> BrokerUnavailable | None:
+    """The broker outage that ended a streaming query, if it did. PySpark's ``exception()`` keeps only the text of
+    a cause it has no Python class for (Kafka's), so the Java throwable is asked for (no public accessor)."""
+    failure = query._jsq.exception()
+    return broker_failure(failure.get()) if failure.isDefined() else None
+
+
+def source_brokers(pipeline_name: str, source: KafkaSource, settings: Settings | None) -> str:
+    """The brokers a source reads (its own ``options`` may name others than the settings do)."""
+    if settings is None:
+        return str(source.options.get("kafka.bootstrap.servers", "of the settings"))
+    return spark_kafka_options(pipeline_name, source, settings)["kafka.bootstrap.servers"]
+
+
+def _java_causes(error: object) -> Iterator[Any]:
+    """The Java throwables behind a PySpark exception (a captured exception's origin, or a Py4JJavaError's), and
+    each one's causes; or a Java throwable and its causes."""
+    python: Any = error
+    throwable: Any = None if isinstance(error, BaseException) else error
+    for _ in range(_MAX_CAUSES if throwable is None else 0):
+        throwable = getattr(python, "_origin", None) or getattr(python, "java_exception", None)
+        python = getattr(python, "_cause", None)
+        if throwable is not None or python is None:
+            break
+    for _ in range(_MAX_CAUSES):
+        if throwable is None:
+            return
+        yield throwable
+        throwable = throwable.getCause()
+
+
+def _java_classes(throwable: Any) -> list[str]:
+    """The throwable's class and its superclasses, by name (the class's own first)."""
+    names: list[str] = []
+    cls = throwable.getClass()
+    while cls is not None and len(names) < _MAX_CAUSES:
+        names.append(str(cls.getName()))
+        cls = cls.getSuperclass()
+    return names
+
+
+def _thrown_by_spark_kafka(throwable: Any) -> bool:
+    frames = throwable.getStackTrace()
+    return len(frames) > 0 and str(frames[0].getClassName()).startswith(_SPARK_KAFKA_PACKAGE)
 
 
 def decoder_input(raw: DataFrame) -> DataFrame:

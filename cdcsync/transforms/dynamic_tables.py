@@ -195,6 +195,7 @@ class DynamicTable(LedgeredSink):
         written = sum(int(row["rows"]) for row in counts)
         try:
             with psycopg.connect(self.dsn) as conn, conn.transaction():
+                self.enter_fence(conn)
                 conn.execute(self._ledger_record_sql, ledger_key)
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": written})
         except psycopg.Error as error:

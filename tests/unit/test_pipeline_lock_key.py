@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from cdcsync.runtime.lock import LockHolder, _application_name, _key_halves, lock_key
+from cdcsync.db.fence import fence_key, key_halves
+from cdcsync.runtime.lock import LockHolder, _application_name, lock_key
 
 
 def test_lock_key_is_fixed_per_pipeline_name() -> None:
@@ -15,9 +16,13 @@ def test_lock_key_is_fixed_per_pipeline_name() -> None:
     assert all(-(2**63) <= lock_key(name) < 2**63 for name in ("a", "b", "é", ""))
 
 
+def test_the_merge_fence_has_a_key_of_its_own() -> None:
+    assert fence_key("shop") not in (lock_key("shop"), fence_key("shop2"))
+
+
 def test_key_halves_are_what_pg_locks_shows() -> None:
     for key in (lock_key("shop"), -1, -(2**63), 2**63 - 1, 0):
-        halves = _key_halves(key)
+        halves = key_halves(key)
         assert 0 <= halves["classid"] < 2**32 and 0 <= halves["objid"] < 2**32
         unsigned = (halves["classid"] << 32) | halves["objid"]
         assert unsigned - (2**64 if unsigned >= 2**63 else 0) == key

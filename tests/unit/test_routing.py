@@ -307,7 +307,7 @@ def test_a_topic_init_did_not_know_stops_the_batch_naming_it() -> None:
 
 
 def test_schema_evolution_auto_adds_a_new_table_to_the_recorded_ones(tmp_path: Path) -> None:
-    from cdcsync.runtime.stream import evolved_lookup
+    from cdcsync.config.routing import evolved_lookup
 
     migrations.init(POSTGRES, validate_pipeline_dict(PATTERN, schema_for=tables(orders=ORDERS)), tmp_path)
     recorded = migrations.recorded_lookup(tmp_path)
