@@ -80,6 +80,12 @@ class Image:
     build_args: dict[str, str] = field(default_factory=dict)
 
 
+def _extra_ca_files() -> dict[str, Path]:
+    """The machine's own certificate authorities, which builds behind its TLS-intercepting proxy need."""
+    folder = Path(os.environ.get("CDCSYNC_EXTRA_CA_DIR", "/usr/local/share/ca-certificates"))
+    return {f"ca-certificates/{cert.name}": cert for cert in sorted(folder.glob("*.crt"))}
+
+
 def _kafka_files() -> dict[str, Path]:
     from cdcsync.runtime.jars import kafka_broker_jars
 
@@ -104,7 +110,7 @@ def images() -> list[Image]:
     kafka_version, apicurio_version, chdb_version = _versions()
     return [
         Image("base", f"{PREFIX}/debian:{SUITE}", HERE / "base"),
-        Image("jre", f"{PREFIX}/jre:17", HERE / "jre", parent="base"),
+        Image("jre", f"{PREFIX}/jre:17", HERE / "jre", parent="base", files=_extra_ca_files),
         Image("postgres", f"{PREFIX}/postgres:15", HERE / "postgres", parent="base"),
         Image("kafka", f"{PREFIX}/kafka:{kafka_version}", HERE / "kafka", "jre", "JRE", _kafka_files),
         Image(

@@ -3,9 +3,9 @@
 # then runs the broker in the foreground.
 set -euo pipefail
 
-config=/opt/kafka/config/server.properties
+config="${KAFKA_CONFIG_FILE:-/opt/kafka/config/server.properties}"
 data="${KAFKA_LOG_DIRS:-/var/lib/kafka/data}"
-not_properties=" KAFKA_HEAP_OPTS KAFKA_OPTS KAFKA_JVM_PERFORMANCE_OPTS KAFKA_LOG4J_OPTS KAFKA_VERSION "
+not_properties=" KAFKA_HEAP_OPTS KAFKA_OPTS KAFKA_JVM_PERFORMANCE_OPTS KAFKA_LOG4J_OPTS KAFKA_VERSION KAFKA_CONFIG_FILE "
 
 # A single node unless told otherwise: each default applies only where its variable is not set.
 : "${KAFKA_NODE_ID:=1}" "${KAFKA_PROCESS_ROLES:=broker,controller}"
