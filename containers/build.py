@@ -10,6 +10,8 @@
     schema-registry  jre + the dev stack's Apicurio Registry application, in-memory storage
     cdcsync          the repository's Dockerfile with BASE=jre (Debian's python3 in a virtualenv)
     clickhouse       cdcsync + the dev stack's chDB-based ClickHouse HTTP server (NOT clickhouse-server)
+    connect          jre + Kafka Connect and Debezium's Postgres connector (compose only)
+    curl             base + curl (compose only)
 
 Idempotent: every image carries the label ``org.cdcsync.build-hash``, a hash of everything it is made from (its
 directory here, the files copied in, the build arguments, the parent image's id); an image whose label matches is
@@ -53,13 +55,19 @@ TEST_IMAGES = ("postgres", "kafka", "schema-registry", "clickhouse")
 """The images tests/conftest.py runs with CDCSYNC_TEST_STACK=containers (CDCSYNC_TEST_<KEY>_IMAGE)."""
 
 
-def _versions() -> tuple[str, str, str]:
-    """Kafka's, Apicurio Registry's and chDB's versions, for the tags."""
+def _versions() -> tuple[str, str, str, str]:
+    """Kafka's, Apicurio Registry's, chDB's and Debezium's versions, for the tags."""
     from importlib.metadata import version
 
-    from cdcsync.runtime.jars import APICURIO_VERSION, KAFKA_VERSION
+    from cdcsync.runtime.jars import APICURIO_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 
-    return KAFKA_VERSION, APICURIO_VERSION.removesuffix(".Final"), version("chdb-core")
+    final = ".Final"
+    return (
+        KAFKA_VERSION,
+        APICURIO_VERSION.removesuffix(final),
+        version("chdb-core"),
+        DEBEZIUM_VERSION.removesuffix(final),
+    )
 
 
 @dataclass
@@ -106,8 +114,18 @@ def _repository_files() -> list[Path]:
     return paths
 
 
+def _connect_files() -> dict[str, Path]:
+    from cdcsync.runtime.jars import debezium_postgres_plugin_jars, kafka_connect_jars
+
+    plugin = "connect/plugins/debezium-connector-postgres"
+    return {
+        **{f"connect/libs/{jar.name}": jar for jar in kafka_connect_jars()},
+        **{f"{plugin}/{jar.name}": jar for jar in debezium_postgres_plugin_jars()},
+    }
+
+
 def images() -> list[Image]:
-    kafka_version, apicurio_version, chdb_version = _versions()
+    kafka_version, apicurio_version, chdb_version, debezium_version = _versions()
     return [
         Image("base", f"{PREFIX}/debian:{SUITE}", HERE / "base"),
         Image("jre", f"{PREFIX}/jre:17", HERE / "jre", parent="base", files=_extra_ca_files),
@@ -131,6 +149,11 @@ def images() -> list[Image]:
             context_files=_repository_files,
         ),
         Image("clickhouse", f"{PREFIX}/clickhouse-chdb:{chdb_version}", HERE / "clickhouse", "cdcsync", "CDCSYNC"),
+        # For the compose stack only (the tests start Kafka Connect from the same jars on the host).
+        Image(
+            "connect", f"{PREFIX}/debezium-connect:{debezium_version}", HERE / "connect", "jre", "JRE", _connect_files
+        ),
+        Image("curl", f"{PREFIX}/curl:{SUITE}", HERE / "curl", parent="base"),
     ]
 
 
