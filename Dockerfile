@@ -26,7 +26,7 @@ COPY . ./
 # Runs as an unprivileged user; state (checkpoints) and rendered migrations live under /var/lib/cdcsync.
 RUN python3 -m venv /opt/cdcsync/venv \
     && pip install . \
-    && python -m cdcsync.runtime.jars \
+    && python -c "from cdcsync.runtime.jars import spark_kafka_jars; spark_kafka_jars()" \
     && chmod -R a+rX /opt/cdcsync/cache \
     && useradd --system --create-home --home-dir /home/cdcsync cdcsync \
     && mkdir -p /var/lib/cdcsync \
