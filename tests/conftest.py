@@ -31,6 +31,8 @@ leave them out, ``make soak`` runs only them.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -159,7 +161,14 @@ def _containers() -> Iterator[Services]:
     clickhouse = ClickHouseContainer(
         container_image("clickhouse"), username="cdcsync", password="cdcsync", dbname="cdcsync"
     )
-    with postgres, kafka, clickhouse, registry:
+    # Started side by side (each start waits until its service is ready); stop() also removes one that failed.
+    containers = (postgres, kafka, clickhouse, registry)
+    with contextlib.ExitStack() as stack:
+        for container in containers:
+            stack.callback(container.stop)
+        with concurrent.futures.ThreadPoolExecutor(len(containers)) as pool:
+            for started in [pool.submit(container.start) for container in containers]:
+                started.result()
         registry_url = f"http://{registry.get_container_host_ip()}:{registry.get_exposed_port(8080)}/apis/ccompat/v7"
         http_port = clickhouse.get_exposed_port(8123)  # the container's get_connection_url() is the native port
         yield Services(
