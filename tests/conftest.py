@@ -144,22 +144,25 @@ def _containers() -> Iterator[Services]:
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.wait_strategies import HttpWaitStrategy, LogMessageWaitStrategy
 
+    # Creating a container copies its whole image on Docker's vfs storage driver (where no overlay file system is
+    # available): minutes for the 2 GB ClickHouse stand-in on a loaded machine, past docker-py's 60 s default.
+    client = {"docker_client_kw": {"timeout": 600}}
     postgres = PostgresContainer(
-        container_image("postgres"), username="cdcsync", password="cdcsync", dbname="cdcsync", driver=None
+        container_image("postgres"), username="cdcsync", password="cdcsync", dbname="cdcsync", driver=None, **client
     )
     postgres.with_command("postgres -c wal_level=logical -c max_replication_slots=10 -c max_connections=200")
     kafka_port = _free_port()
-    kafka = DockerContainer(container_image("kafka")).with_bind_ports(9092, kafka_port)
+    kafka = DockerContainer(container_image("kafka"), **client).with_bind_ports(9092, kafka_port)
     for name, value in kafka_container_environment(kafka_port).items():
         kafka.with_env(name, value)
     kafka.waiting_for(LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(180))
     registry = (
-        DockerContainer(container_image("schema_registry"))
+        DockerContainer(container_image("schema_registry"), **client)
         .with_exposed_ports(8080)
         .waiting_for(HttpWaitStrategy(8080, "/apis/ccompat/v7/subjects").for_status_code(200).with_startup_timeout(180))
     )
     clickhouse = ClickHouseContainer(
-        container_image("clickhouse"), username="cdcsync", password="cdcsync", dbname="cdcsync"
+        container_image("clickhouse"), username="cdcsync", password="cdcsync", dbname="cdcsync", **client
     )
     # Started side by side (each start waits until its service is ready); stop() also removes one that failed.
     containers = (postgres, kafka, clickhouse, registry)
