@@ -93,7 +93,9 @@ container-images: jars
 
 # The tests of each service and one Debezium pipeline through the CLI, through testcontainers on the local images
 # (only the four the tests run are built; Kafka Connect runs on the host, as in every test run).
-# Services given through CDCSYNC_TEST_* addresses would win over containers: they are unset here.
+# Services given through CDCSYNC_TEST_* addresses would win over containers: they are unset here. The engine runs on
+# this machine (which may itself be a container, where testcontainers would reach services by the bridge's gateway):
+# its published ports are on loopback, where Kafka Connect, started on the host by the tests, expects them.
 CONTAINERS_SMOKE_TESTS ?= tests/integration/test_introspection.py tests/integration/test_apicurio_registry.py \
 	tests/integration/test_clickhouse_sink.py tests/integration/test_migrations_pg.py \
 	tests/e2e/test_debezium_routing.py
@@ -102,8 +104,9 @@ containers-smoke: jars
 	$(BIN)/python containers/build.py --only postgres kafka schema-registry clickhouse
 	env -u CDCSYNC_TEST_POSTGRES_DSN -u CDCSYNC_TEST_KAFKA_BOOTSTRAP -u CDCSYNC_TEST_CLICKHOUSE_URL \
 		-u CDCSYNC_TEST_SCHEMA_REGISTRY_URL -u CDCSYNC_TEST_CONNECT_URL \
-		CDCSYNC_TEST_STACK=containers TESTCONTAINERS_RYUK_DISABLED=true $$($(BIN)/python containers/build.py --env) \
-		$(BIN)/pytest -p no:cacheprovider $(CONTAINERS_SMOKE_TESTS) $(PYTEST_ARGS)
+		CDCSYNC_TEST_STACK=containers TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host \
+		CDCSYNC_TEST_NO_SKIPS=1 $$($(BIN)/python containers/build.py --env) \
+		$(BIN)/pytest -p no:cacheprovider -rs $(CONTAINERS_SMOKE_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

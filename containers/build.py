@@ -9,7 +9,7 @@
     kafka            jre + the dev stack's Kafka broker jars (KRaft, one node), configured by KAFKA_* variables
     schema-registry  jre + the dev stack's Apicurio Registry application, in-memory storage
     cdcsync          the repository's Dockerfile with BASE=jre (Debian's python3 in a virtualenv)
-    clickhouse       cdcsync + the dev stack's chDB-based ClickHouse HTTP server (NOT clickhouse-server)
+    clickhouse       base + python3 + chDB and the dev stack's ClickHouse HTTP server (NOT clickhouse-server)
     connect          jre + Kafka Connect and Debezium's Postgres connector (compose only)
     curl             base + curl (compose only)
 
@@ -124,6 +124,35 @@ def _connect_files() -> dict[str, Path]:
     }
 
 
+CLICKHOUSE_SERVER_DISTRIBUTIONS = ("chdb-core", "pydantic", "pydantic-settings", "lz4", "backports.zstd")
+"""What ``python -m cdcsync.devstack.clickhouse_server`` imports beyond the standard library (with their own
+dependencies: pandas, pyarrow, python-dotenv)."""
+
+
+def _clickhouse_files() -> dict[str, Path]:
+    """cdcsync's source, the machine's certificate authorities, and the server's requirements at the versions
+    the project's environment has (cdcsync's own pins)."""
+    from importlib.metadata import version
+
+    requirements = cache_dir() / "clickhouse-requirements.txt"
+    requirements.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{name}=={version(name)}\n" for name in CLICKHOUSE_SERVER_DISTRIBUTIONS)
+    if not requirements.is_file() or requirements.read_text() != text:
+        requirements.write_text(text)
+    return {
+        "src/cdcsync": REPO / "cdcsync",
+        "requirements.txt": requirements,
+        "ca-certificates/README": HERE / "jre" / "ca-certificates" / "README",
+        **_extra_ca_files(),
+    }
+
+
+def cache_dir() -> Path:
+    from cdcsync.runtime.ivy import cache_root
+
+    return cache_root() / "containers"
+
+
 def images() -> list[Image]:
     kafka_version, apicurio_version, chdb_version, debezium_version = _versions()
     return [
@@ -148,7 +177,13 @@ def images() -> list[Image]:
             context=REPO,
             context_files=_repository_files,
         ),
-        Image("clickhouse", f"{PREFIX}/clickhouse-chdb:{chdb_version}", HERE / "clickhouse", "cdcsync", "CDCSYNC"),
+        Image(
+            "clickhouse",
+            f"{PREFIX}/clickhouse-chdb:{chdb_version}",
+            HERE / "clickhouse",
+            parent="base",
+            files=_clickhouse_files,
+        ),
         # For the compose stack only (the tests start Kafka Connect from the same jars on the host).
         Image(
             "connect", f"{PREFIX}/debezium-connect:{debezium_version}", HERE / "connect", "jre", "JRE", _connect_files
@@ -214,7 +249,7 @@ def _hash_path(digest: hashlib._Hash, path: Path, name: str) -> None:
     """Names and contents; for jars from the cache (immutable, versioned), name and size are enough."""
     if path.is_dir():
         for child in sorted(path.rglob("*")):
-            if child.is_file():
+            if child.is_file() and "__pycache__" not in child.parts:
                 _hash_path(digest, child, f"{name}/{child.relative_to(path)}")
         return
     digest.update(name.encode() + b"\0")
@@ -253,9 +288,11 @@ def _context(image: Image) -> Iterator[Path]:
         for name, source in image.files().items():
             target = root / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(source, target, copy_function=_link_or_copy) if source.is_dir() else _link_or_copy(
-                source, target
-            )
+            if source.is_dir():
+                ignore = shutil.ignore_patterns("__pycache__")
+                shutil.copytree(source, target, copy_function=_link_or_copy, ignore=ignore)
+            else:
+                _link_or_copy(source, target)
         yield root
 
 

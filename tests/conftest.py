@@ -74,6 +74,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, marker))
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """``CDCSYNC_TEST_NO_SKIPS=1`` (``make containers-smoke``): a skipped test fails the run, so that a smoke test
+    whose Debezium could not start does not pass as green."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if os.environ.get("CDCSYNC_TEST_NO_SKIPS") and reporter is not None and reporter.stats.get("skipped"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @dataclass(frozen=True)
 class Services:
     postgres_dsn: str
