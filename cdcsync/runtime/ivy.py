@@ -208,7 +208,10 @@ def _extract_data(archive: tarfile.TarFile, into: Path) -> None:
     for member in archive.getmembers():
         target = (root / member.name).resolve()
         if not (member.isfile() or member.isdir()) or not target.is_relative_to(root):
-            raise DependencyError(f"{archive.name}: refusing to extract {member.name!r}", hint="remove the tarball")
+            raise DependencyError(
+                f"refusing to extract {member.name!r}: not a plain file or folder inside {into}",
+                hint="remove the tarball from the cdcsync cache so that it is downloaded again",
+            )
         members.append(member)
     archive.extractall(into, members=members)
 
