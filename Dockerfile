@@ -1,7 +1,8 @@
 # cdcsync as a container: `docker build -t cdcsync:local .`, then `docker run cdcsync:local run PIPELINE.yaml`
 # with the CDCSYNC__ settings in the environment (compose/docker-compose.yml shows a whole stack).
-# Python and a Java 17 runtime (Spark's driver and executors run on it); the Spark Kafka connector's jars are
-# resolved at build time into the image's cache, so a container starts offline.
+# Python and a Java 17 runtime (Spark's driver and executors run on it); the Spark Kafka connector's and Delta's jars
+# are resolved at build time into the image's cache, so a container starts offline, with Spark's class-data-sharing
+# archive (cdcsync.runtime.cds); the dev stack's broker, registry and Connect jars are not in the image.
 #
 # BASE is any Debian bookworm image: the public python image by default, or (`make container-images`, where no
 # image registry is reachable) a debootstrapped Debian with its own python3. cdcsync goes into a virtualenv on
@@ -26,7 +27,7 @@ COPY . ./
 # Runs as an unprivileged user; state (checkpoints) and rendered migrations live under /var/lib/cdcsync.
 RUN python3 -m venv /opt/cdcsync/venv \
     && pip install . \
-    && python -c "from cdcsync.runtime.jars import spark_kafka_jars; spark_kafka_jars()" \
+    && python -c "from cdcsync.runtime import cds, jars; jars.spark_kafka_jars(); cds.build_archive()" \
     && chmod -R a+rX /opt/cdcsync/cache \
     && useradd --system --create-home --home-dir /home/cdcsync cdcsync \
     && mkdir -p /var/lib/cdcsync \

@@ -6,10 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py 2>/dev/null | sha1sum | cut -c1-12)
+JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-aggregate bench-clickhouse bench-lookup bench-peer bench-latency compose-check container-images containers-smoke install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency compose-check container-images containers-smoke install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@rm -f $(VENV)/.deps-*; touch $@
 
-$(JARS_STAMP): $(DEPS_STAMP) cdcsync/runtime/jars.py cdcsync/runtime/ivy.py
+$(JARS_STAMP): $(DEPS_STAMP) cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py
 	$(BIN)/python -m cdcsync.runtime.jars --with-debezium
 	@rm -f $(VENV)/.jars-*; touch $@
 
@@ -37,7 +37,7 @@ unit: install
 	$(BIN)/pytest -m unit $(PYTEST_ARGS)
 
 integration: jars
-	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+	$(BIN)/pytest -m "integration and not soak" $(PYTEST_ARGS)
 
 e2e: jars
 	$(BIN)/pytest -m "e2e and not soak" $(PYTEST_ARGS)
@@ -59,11 +59,18 @@ bench: jars
 bench-avro: jars
 	$(BIN)/python benchmarks/upsert.py --format avro
 
+# The blackhole sink's changes/s (the engine's own ceiling) next to the Postgres mirror's, over the same changes.
+bench-blackhole: jars
+	$(BIN)/python benchmarks/upsert.py --blackhole
+
 bench-aggregate: jars
 	$(BIN)/python benchmarks/aggregate.py
 
 bench-clickhouse: jars
 	$(BIN)/python benchmarks/clickhouse.py
+
+bench-delta: jars
+	$(BIN)/python benchmarks/delta.py
 
 bench-lookup: jars
 	$(BIN)/python benchmarks/lookup.py

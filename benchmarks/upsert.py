@@ -12,6 +12,10 @@
 6. times a plain ``COPY`` of the same final rows into an empty table with the same primary key — the ceiling —
    and prints the ratio.
 
+``--blackhole`` (``make bench-blackhole``) then reads the JSON topic again through a ``type: blackhole`` sink (a
+database of its own for the ledger, the same Spark session, warm by then) and prints its changes/s next to the
+mirror's: everything the engine does (read, decode, the executor pass, the ledger) without a target to write.
+
 ``--format avro`` then does steps 2-5 again with the same changes in Avro, as Debezium's AvroConverter writes them
 (Confluent wire format, schemas registered in the stack's schema registry, or ``--schema-registry-url``, or an
 Apicurio Registry started for the run), into a topic and a database of their own, and prints both formats side by
@@ -82,6 +86,9 @@ def main() -> None:
         default="json",
         help="avro: the same changes again in Avro, printed side by side with JSON (default: json only)",
     )
+    parser.add_argument(
+        "--blackhole", action="store_true", help="also run the JSON changes into a blackhole sink: the engine's ceiling"
+    )
     add_service_arguments(parser)
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
@@ -134,6 +141,10 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, re
     try:
         for one in runs:
             mirror(one, args, root, admin_dsn, bootstrap, registry_url, topics[one.name], load, spark)
+        if args.blackhole:
+            ceiling = FormatRun("blackhole", load.events, messages=runs[0].messages)
+            sink = {"type": "blackhole", "from": "orders"}
+            mirror(ceiling, args, root, admin_dsn, bootstrap, registry_url, topics["json"], load, spark, sink)
     finally:
         spark.stop()
 
@@ -188,6 +199,11 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, re
     print(f"pipeline time / COPY time:      {first.streaming_s / copy_seconds:8.1f} x")
     if len(runs) > 1:
         print_side_by_side(runs, load.changes)
+    if args.blackhole:
+        print(
+            f"blackhole sink (engine ceiling):{load.changes / ceiling.streaming_s:8,.0f} changes/s  "
+            f"({ceiling.streaming_s:.1f} s, {ceiling.batches} micro-batches; the mirror: {rate:,.0f} changes/s)"
+        )
     print("mirror verified equal to the expected final state" + (" in both formats" if len(runs) > 1 else ""))
 
 
@@ -201,8 +217,10 @@ def mirror(
     topic: str,
     load: workload.Workload,
     spark: Any,
+    sink: dict[str, Any] | None = None,
 ) -> None:
-    """Migrations into a fresh database, then the pipeline ``--available-now``, timed."""
+    """Migrations into a fresh database, then the pipeline ``--available-now`` (into a mirror, or ``sink``),
+    timed."""
     import psycopg
 
     from cdcsync import migrations
@@ -212,7 +230,7 @@ def mirror(
     source: dict[str, Any] = {
         "type": "kafka",
         "topic": topic,
-        "format": one.name,
+        "format": "avro" if one.name == "avro" else "json",
         "primary_key": "id",
         "columns": dict(load.columns),
     }
@@ -222,7 +240,9 @@ def mirror(
         {
             "name": f"bench_{one.name}",
             "sources": {"orders": source},
-            "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
+            "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}}
+            if sink is None
+            else {sink["type"]: sink},
         }
     )
     settings = load_settings(
@@ -242,7 +262,8 @@ def mirror(
     assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
     one.streaming_s = stats.last_batch_done_at - stats.first_batch_at
     one.batches = stats.batches
-    print(f"{one.name}: mirrored in {one.streaming_s:.1f}s ({one.batches} micro-batches)", flush=True)
+    done = "mirrored" if sink is None else f"through a {sink['type']} sink"
+    print(f"{one.name}: {done} in {one.streaming_s:.1f}s ({one.batches} micro-batches)", flush=True)
 
 
 def print_side_by_side(runs: Sequence[FormatRun], changes: int) -> None:

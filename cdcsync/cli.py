@@ -131,7 +131,8 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     tables = sum(len(route) for route in pipeline.routes.values())
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
-        f"{pipeline_file}: ok — pipeline '{pipeline.name}', {len(pipeline.streams())} source(s), "
+        f"{pipeline_file}: ok — pipeline '{pipeline.name}', "
+        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources)} source(s), "
         f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
@@ -178,9 +179,9 @@ def migrate(
     migrations_dir: MigrationsDirOpt = None,
     status: Annotated[bool, typer.Option("--status", help="List migrations and their state; apply nothing.")] = False,
 ) -> None:
-    """Apply pending migrations to Postgres and, for ClickHouse sinks, to ClickHouse.
+    """Apply pending migrations to Postgres and, for ClickHouse and Delta sinks, to ClickHouse and Delta tables.
 
-    For development and demos; a DBA may apply the same files with psql / clickhouse-client instead.
+    For development and demos; a DBA may apply the same files with psql / clickhouse-client / spark-sql instead.
     """
     from contextlib import ExitStack
 
@@ -190,6 +191,11 @@ def migrate(
     pipeline = _pipeline(pipeline_file, settings)
     with ExitStack() as stack:
         targets = [t for t in migrations.TARGETS if t.used_by(pipeline)]
+        if not status and migrations.DELTA in targets:  # Delta's DDL runs on Spark (its ledger is in Postgres)
+            from cdcsync.runtime.spark import build_spark_session
+
+            err.print(f"starting Spark to apply the Delta migrations of pipeline '{pipeline.name}' …", highlight=False)
+            stack.callback(build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}-migrate").stop)
         connections = [(target, stack.enter_context(target.connect(settings))) for target in targets]
         if status:
             table = Table("migration", "state")
@@ -230,6 +236,15 @@ def _check_targets(pipeline: Pipeline, settings: Settings, pipeline_file: Path) 
             pipeline_file=pipeline_file,
             pipeline=pipeline,
         )
+        if migrations.DELTA.used_by(pipeline):  # their ledger is in Postgres; the tables are checked once Spark runs
+            migrations.check_ready(
+                migrations.DELTA,
+                migrations.delta.DeltaConnection(conn, None),
+                pipeline.name,
+                settings.migrations_dir,
+                pipeline_file=pipeline_file,
+                pipeline=pipeline,
+            )
     startup_check(pipeline, settings, pipeline_file=pipeline_file)  # ClickHouse sinks only
 
 
@@ -247,14 +262,23 @@ def run(
     wait: Annotated[
         bool, typer.Option("--wait", help="If another run of this pipeline holds its lock, wait for it to end.")
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics on /metrics and health on /healthz at this port (CDCSYNC__METRICS__PORT).",
+        ),
+    ] = None,
 ) -> None:
     """Stream the pipeline from Kafka into its targets, each change exactly once.
 
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
-    batch and exits 0. One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
+    batch and exits 0; a batch that takes longer than run.stop_timeout_s (25 s) is left for the next run (exit 1).
+    One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
     from cdcsync.runtime.live import ProgressView
+    from cdcsync.runtime.metrics import RunTelemetry
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
     from cdcsync.sources.kafka import check_kafka_reachable
@@ -269,7 +293,8 @@ def run(
 
     runner = PipelineRunner(pipeline, settings, available_now=available_now, wait_for_lock=wait)
     runner.install_signal_handlers()
-    with runner.locked():  # before Spark starts: a second runner is refused (or waits) at once
+    telemetry = RunTelemetry(settings.metrics, runner.snapshot, runner.health, port=metrics_port)
+    with runner.locked(), telemetry:  # before Spark starts: a second runner is refused (or waits) at once
         runner.check_ledger()  # a checkpoint past what a sink holds is refused before Spark starts too
         err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
         spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
@@ -298,7 +323,10 @@ def run(
 
 @app.command()
 @handles_errors
-def status(pipeline_file: PipelineArg) -> None:
+def status(
+    pipeline_file: PipelineArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the same facts as one JSON document.")] = False,
+) -> None:
     """Show lag per partition, the last committed batch and row counts per sink (read-only, safe while running).
 
     Also names the run holding the pipeline's lock (pid, host, since when), if one is streaming it now.
@@ -308,6 +336,11 @@ def status(pipeline_file: PipelineArg) -> None:
     settings = _settings()
     pipeline = _pipeline(pipeline_file, settings)
     report = pipeline_status(pipeline, settings)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(report.to_json(pipeline.name), indent=2))
+        return
     lag = Table("source", "topic/partition", "processed up to", "end offset", "lag")
     for row in report.partitions:
         lag.add_row(
@@ -318,7 +351,9 @@ def status(pipeline_file: PipelineArg) -> None:
     for sink in report.sinks:
         committed = sink.committed_at.strftime("%Y-%m-%d %H:%M:%S %Z") if sink.committed_at else "-"
         last_batch = "-" if sink.last_batch is None else str(sink.last_batch)
-        sinks.add_row(Text(sink.sink), Text(sink.target), last_batch, committed, f"{sink.rows:,}")
+        target = sink.target if sink.version is None else f"{sink.target} (version {sink.version})"
+        rows = "-" if sink.rows < 0 else f"{sink.rows:,}"
+        sinks.add_row(Text(sink.sink), Text(target), last_batch, committed, rows)
     out.print(sinks)
     if report.dead_letters:
         out.print(
@@ -328,6 +363,33 @@ def status(pipeline_file: PipelineArg) -> None:
         )
     running = f"{report.running.describe()} holds the pipeline's lock" if report.running else "none"
     out.print(f"running: {running}", highlight=False)
+
+
+# ------------------------------------------------------------------------------------------------ plugins
+
+
+@app.command()
+@handles_errors
+def plugins() -> None:
+    """List the installed plugin operators (entry-point group `cdcsync.plugins`) and how a pipeline names them.
+
+    A pipeline names one as `type: <namespace>.<operator>` with its `options:` (docs/plugins.md). Plugins that
+    cannot be loaded are listed with the reason.
+    """
+    from cdcsync.config.plugins import installed
+
+    registry = installed()
+    table = Table("type", "kind", "package", "what it does")
+    for op_id, found in sorted(registry.operators.items()):
+        table.add_row(
+            Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary)
+        )
+    if registry.operators:
+        out.print(table)
+    else:
+        out.print("no plugins installed (entry-point group cdcsync.plugins)", highlight=False)
+    for problem in registry.problems:
+        err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ rewind
@@ -371,6 +433,49 @@ def rewind(
             f"the next run reads again from {where}",
             highlight=False,
         )
+
+
+# ------------------------------------------------------------------------------------------------ reset
+
+
+@app.command()
+@handles_errors
+def reset(
+    pipeline_file: PipelineArg,
+    sink: Annotated[
+        str | None, typer.Option("--sink", help="Reset only this sink (and the checkpoint of its source).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    migrations_dir: MigrationsDirOpt = None,
+) -> None:
+    """Start afresh: delete the checkpoints and the batch ledger rows, so the next run reads the sources again.
+
+    Target tables are left as they are (the versioned merges apply only newer changes). Asks first; refused
+    (exit 2) while a run streams the pipeline.
+    """
+    from cdcsync.core.errors import UserError
+    from cdcsync.runtime.reset import plan_reset
+    from cdcsync.runtime.reset import reset as reset_pipeline
+
+    settings = _settings(migrations_dir)
+    pipeline = _pipeline(pipeline_file, settings)
+    plan = plan_reset(pipeline, settings, sink)
+    err.print(f"this removes, for pipeline '{escape(pipeline.name)}':", highlight=False)
+    for line in plan.describe():
+        err.print(f"  {escape(line)}", highlight=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UserError("reset needs a confirmation", hint="run it on a terminal, or pass --yes")
+        if not typer.confirm("reset?", default=False, err=True):
+            raise typer.Exit(1)
+    result = reset_pipeline(plan, settings)
+    out.print(
+        f"reset: {result.checkpoints_removed} checkpoint(s) and {result.ledger_rows_removed} ledger row(s) removed; "
+        "the next run reads the sources from their starting offsets",
+        highlight=False,
+    )
+
+
 # ------------------------------------------------------------------------------------------------ dead letters
 
 
@@ -436,18 +541,7 @@ def _devstack_config() -> Any:
     from cdcsync.devstack import DevStackConfig
 
     settings = _settings()
-    return DevStackConfig(
-        state_dir=settings.state_dir.resolve(),
-        postgres_port=settings.devstack.postgres_port,
-        kafka_port=settings.devstack.kafka_port,
-        kafka_controller_port=settings.devstack.kafka_controller_port,
-        clickhouse_port=settings.devstack.clickhouse_port,
-        schema_registry_port=settings.devstack.schema_registry_port,
-        connect_port=settings.devstack.connect_port,
-        debezium_database=settings.devstack.debezium_database,
-        debezium_format=settings.devstack.debezium_format,
-        debezium_schemas_enable=settings.devstack.debezium_schemas_enable,
-    )
+    return DevStackConfig(state_dir=settings.state_dir.resolve(), **settings.devstack.model_dump())
 
 
 def _print_stack_status(status: Any) -> None:
@@ -469,12 +563,21 @@ def dev_up(
             "(JSON; Avro in the Confluent wire format with CDCSYNC__DEVSTACK__DEBEZIUM_FORMAT=avro).",
         ),
     ] = False,
+    spark_workers: Annotated[
+        int,
+        typer.Option(
+            "--spark-workers",
+            min=0,
+            help="Also run a Spark standalone master and N workers (pyspark's own); run pipelines on it with "
+            "CDCSYNC__SPARK__MASTER=spark://127.0.0.1:17077 (see `cdcsync dev env`).",
+        ),
+    ] = 0,
 ) -> None:
     """Start the dev services that are not running and wait until all accept connections (safe to repeat)."""
     from cdcsync.devstack import up
 
     err.print("starting the dev stack (the first run downloads the JVM services from Maven Central) …")
-    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium))
+    _print_stack_status(up(_devstack_config(), with_debezium=with_debezium, spark_workers=spark_workers))
 
 
 @dev_app.command("down")

@@ -40,7 +40,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +320,9 @@ def run_env(**settings: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
     env["COLUMNS"] = "200"  # Rich tables on a pipe: wide enough that no cell wraps
     env["CDCSYNC__SPARK__CONF"] = json.dumps(TEST_SPARK_CONF)
+    # tests that SIGTERM a run expect the batch in flight to finish: on a loaded 2-core machine one may take longer
+    # than production's 25 s bound (tests/e2e/test_operations.py sets its own, short one to test the bound)
+    env["CDCSYNC__RUN__STOP_TIMEOUT_S"] = "120"
     for key, value in settings.items():
         env[f"CDCSYNC__{key.upper()}"] = str(value)
     return env
@@ -398,9 +401,11 @@ def debezium_connect(services: Services) -> Iterator[DebeziumConnect]:
 
 @dataclass
 class DebeziumSource:
-    """A source database of its own for one test, and the Debezium connector that captures it.
+    """A source database of its own for one test, and the Debezium connectors that capture it.
 
-    The connector name is also its topic prefix, replication slot and publication, so tests never share any.
+    A connector's name is also its topic prefix, replication slot and publication, so tests never share any. The
+    first connector is named like the database; a test that captures the same changes in several connector modes
+    at once (one ``cdcsync run`` checking all of them) names the others with :meth:`capture`'s ``connector``.
     """
 
     connect: DebeziumConnect
@@ -409,7 +414,8 @@ class DebeziumSource:
     name: str
     schema_registry_url: str
     """Where ``value_format="avro"`` registers its schemas (the session's registry)."""
-    registered: bool = False
+    connectors: list[str] = field(default_factory=list)
+    """The connectors registered so far, by name."""
 
     def capture(
         self,
@@ -418,18 +424,21 @@ class DebeziumSource:
         value_format: str = "json",
         wait_snapshot: bool = True,
         timeout_s: float = 90.0,
+        connector: str | None = None,
     ) -> None:
-        """Register the connector for ``tables`` (``schema.table``; all of ``public`` when none) and wait until
+        """Register a connector for ``tables`` (``schema.table``; all of ``public`` when none) and wait until
         it runs and (``wait_snapshot``) its snapshot is in Kafka. Rows already there arrive first, as snapshot
         reads (``op: r``). ``value_format="avro"``: keys and values in the Confluent Avro wire format, schemas in
-        the session's registry."""
+        the session's registry. ``connector``: a second (third, ...) connector of the same database, named
+        ``<name>_<connector>``, with its own slot, publication and topics (:meth:`topic`)."""
         from cdcsync.devstack import debezium
 
+        name = self.connector_name(connector)
         config = debezium.connector_config(
             database=self.database,
-            topic_prefix=self.name,
-            slot_name=self.name,
-            publication_name=self.name,
+            topic_prefix=name,
+            slot_name=name,
+            publication_name=name,
             host=self.connect.postgres_host,
             port=self.connect.postgres_port,
             user=self.connect.postgres_user,
@@ -439,21 +448,26 @@ class DebeziumSource:
             schema_registry_url=self.schema_registry_url,
             overrides=overrides,
         )
-        debezium.put_connector(self.connect.url, self.name, config)
-        self.registered = True
-        debezium.wait_connector_running(self.connect.url, self.name, timeout_s)
+        debezium.put_connector(self.connect.url, name, config)
+        self.connectors.append(name)
+        debezium.wait_connector_running(self.connect.url, name, timeout_s)
         if wait_snapshot:
-            self.wait_caught_up(timeout_s)
+            debezium.wait_caught_up(self.connect.url, name, self.dsn, timeout_s)
 
-    def topic(self, table: str) -> str:
-        """The topic of ``schema.table``."""
-        return f"{self.name}.{table}"
+    def connector_name(self, connector: str | None = None) -> str:
+        return self.name if connector is None else f"{self.name}_{connector}"
+
+    def topic(self, table: str, connector: str | None = None) -> str:
+        """The topic of ``schema.table`` (as the connector named ``connector`` in :meth:`capture` writes it)."""
+        return f"{self.connector_name(connector)}.{table}"
 
     def wait_caught_up(self, timeout_s: float = 90.0) -> None:
-        """Until every change committed so far in the source database is in Kafka."""
+        """Until every change committed so far in the source database is in Kafka, from every connector."""
         from cdcsync.devstack import debezium
 
-        debezium.wait_caught_up(self.connect.url, self.name, self.dsn, timeout_s)
+        lsn = debezium.emit_watermark(self.dsn)
+        for name in self.connectors:
+            debezium.wait_for_lsn(self.connect.url, name, lsn, timeout_s)
 
 
 @pytest.fixture()
@@ -477,26 +491,39 @@ def debezium_source(
     try:
         yield source
     finally:
-        if source.registered:
-            debezium.delete_connector(debezium_connect.url, name)
-        debezium.drop_replication_slot(source.dsn, name)
+        for connector in source.connectors:
+            debezium.delete_connector(debezium_connect.url, connector)
+        for slot in source.connectors or [name]:
+            debezium.drop_replication_slot(source.dsn, slot)
         with psycopg.connect(services.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local SparkSession with cdcsync's defaults (ANSI mode, UTC), no connectors: for tests of generated Spark
-    SQL over small DataFrames. One per test session; starting the JVM is the slow part."""
+    """A local SparkSession with cdcsync's defaults (ANSI mode, UTC) and its jars (Kafka connector, Delta Lake):
+    for tests of generated Spark SQL over small DataFrames and of Delta sinks. One per test session; starting the
+    JVM is the slow part."""
     import sys
 
     from pyspark.sql import SparkSession
 
-    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
+    from cdcsync.runtime.cds import driver_java_options
+    from cdcsync.runtime.jars import spark_jars_conf
+    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF, DELTA_SPARK_CONF
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("cdcsync-tests")
-    for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g", **TEST_SPARK_CONF}.items():
+    java_options = f"{driver_java_options(True)} {TEST_SPARK_CONF['spark.driver.extraJavaOptions']}".strip()
+    conf = {
+        **DEFAULT_SPARK_CONF,
+        **spark_jars_conf(),
+        **DELTA_SPARK_CONF,
+        "spark.driver.memory": "1g",
+        **TEST_SPARK_CONF,
+        "spark.driver.extraJavaOptions": java_options,
+    }
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

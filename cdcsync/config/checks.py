@@ -13,18 +13,22 @@ from pydantic import BaseModel, ValidationError
 from cdcsync.config import toast
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.base import StrictModel, did_you_mean
+from cdcsync.config.operators import OperatorSink
 from cdcsync.config.pipeline import (
     METADATA_COLUMNS,
     POSTGRES_MAX_IDENTIFIER,
     RESERVED_COLUMNS,
     ClickHouseSink,
+    DeltaSink,
     KafkaSource,
     PostgresAggregateSink,
+    PostgresSink,
     RoutedClickHouseSink,
     RoutedPostgresSink,
     SinkModel,
 )
 from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.plugins import PluginSink, is_plugin_type, validate_plugin_entry
 from cdcsync.config.transforms import DynamicTable
 from cdcsync.config.types import PgType, UnknownTypeError, parse_pg_type
 
@@ -34,7 +38,7 @@ def yaml_path(*parts: Any) -> str:
     return ".".join(str(p) for p in parts if p != "")
 
 
-def _pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
+def pydantic_problems(prefix: str, error: ValidationError, model: type[BaseModel]) -> list[str]:
     """Turn pydantic's errors into ``yaml.path: message`` lines with friendlier wording."""
     problems = []
     allowed = sorted(f.alias or name for name, f in model.model_fields.items() if name != "path")
@@ -68,6 +72,8 @@ def validate_entry(
     kind = raw.get("type")
     if kind is None:
         return None, [f"{where}.type: required key is missing; one of {', '.join(registry)}"]
+    if is_plugin_type(kind) and section in ("sources", "transforms", "sinks"):
+        return validate_plugin_entry(section, entry_id, raw, [*registry, *planned])  # type: ignore[arg-type]
     if kind not in registry:
         if kind in planned:
             return None, [f"{where}.type: '{kind}' is not available in this version of cdcsync yet"]
@@ -77,7 +83,7 @@ def validate_entry(
     try:
         return model.model_validate(raw), []
     except ValidationError as error:
-        return None, _pydantic_problems(where, error, model)
+        return None, pydantic_problems(where, error, model)
 
 
 def check_identifier(path: str, name: str, problems: list[str]) -> None:
@@ -160,6 +166,8 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
     where = yaml_path("sinks", sink_id)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_names(where, sink, problems)
+    elif isinstance(sink, DeltaSink):
+        pass  # its location is checked by the model; its columns below
     elif isinstance(sink, PostgresAggregateSink):
         check_identifier(f"{where}.schema", sink.schema_, problems)
         check_identifier(f"{where}.landing_table", sink.landing_table, problems)
@@ -168,23 +176,16 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
             check_identifier(f"{where}.{'group_by' if name in sink.group_by else 'aggregate'}.{name}", name, problems)
         if sink.landing_table == sink.agg_table:
             problems.append(f"{where}.agg_table: must differ from landing_table ('{sink.landing_table}')")
-    else:
+    elif not isinstance(sink, OperatorSink | PluginSink):
         check_identifier(f"{where}.schema", sink.schema_, problems)
         check_identifier(f"{where}.table", sink.table, problems)
-    if sink.from_ in inputs.invalid:
-        return  # the input itself is invalid and already reported
-    if sink.from_ in inputs.dynamic_tables:
-        problems.append(
-            f"{where}.from: '{sink.from_}' is a dynamic table, not a stream; a sink reads a source or a sql transform"
-        )
+    if not _input_known(where, sink.from_, inputs, problems):
         return
-    if sink.from_ not in inputs.columns:
-        known = sorted(inputs.columns)
-        problems.append(
-            f"{where}.from: '{sink.from_}' is not a source or sql transform{did_you_mean(sink.from_, known)}; "
-            f"known: {', '.join(known) or 'none'}"
-        )
-        return
+    if isinstance(sink, OperatorSink | PluginSink):
+        for column in sink.primary_key or []:
+            if column not in inputs.columns[sink.from_]:
+                problems.append(f"{where}.primary_key: column '{column}' is not in {inputs.describe(sink.from_)}")
+        return  # owns no table: needs no key, and no internal tables
     columns = inputs.columns[sink.from_]
     described = inputs.describe(sink.from_)
     key = sink.primary_key or inputs.primary_keys[sink.from_]
@@ -205,12 +206,34 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
         problems.extend(f"{where}.{problem}" for problem in resolve_aggregation(sink, columns, described).problems)
     if isinstance(sink, ClickHouseSink):
         _check_clickhouse_columns(where, sink, columns, described, key, problems)
+    if isinstance(sink, DeltaSink):
+        _check_delta_columns(where, sink, columns, described, problems)
+        return  # no staging tables in Postgres
     if isinstance(sink, RoutedPostgresSink | RoutedClickHouseSink):
         return  # its internal tables have bounded names
     internal_name = f"{pipeline_name}__{sink_id}__tombstones"
     check_identifier(where, sink_id, problems)
     if len(internal_name.encode()) > POSTGRES_MAX_IDENTIFIER:
         problems.append(f"{where}: pipeline name plus sink id is too long for the internal staging table names")
+
+
+def _input_known(where: str, from_: str, inputs: Inputs, problems: list[str]) -> bool:
+    """Whether ``from_`` names a stream a sink can read; else the problem (unless it was reported already)."""
+    if from_ in inputs.invalid:
+        return False  # the input itself is invalid and already reported
+    if from_ in inputs.dynamic_tables:
+        problems.append(
+            f"{where}.from: '{from_}' is a dynamic table, not a stream; a sink reads a source or a sql transform"
+        )
+        return False
+    if from_ not in inputs.columns:
+        known = sorted(inputs.columns)
+        problems.append(
+            f"{where}.from: '{from_}' is not a source or sql transform{did_you_mean(from_, known)}; "
+            f"known: {', '.join(known) or 'none'}"
+        )
+        return False
+    return True
 
 
 def _check_clickhouse_names(where: str, sink: ClickHouseSink, problems: list[str]) -> None:
@@ -246,6 +269,27 @@ def _check_clickhouse_columns(
             )
 
 
+DELTA_ADDED_COLUMNS = ("_cdc_op", "_cdc_version", "_cdc_ts", "_cdc_deleted", "_valid_from", "_valid_to", "_is_current")
+"""Columns cdcsync adds to Delta tables (:mod:`cdcsync.sinks.delta`)."""
+
+
+def _check_delta_columns(
+    where: str, sink: DeltaSink, types: dict[str, PgType], described: str, problems: list[str]
+) -> None:
+    for column in sink.partition_by:
+        if column not in types:
+            problems.append(
+                f"{where}.partition_by: column '{column}' is not in {described}{did_you_mean(column, list(types))}"
+            )
+    if len(set(sink.partition_by)) != len(sink.partition_by):
+        problems.append(f"{where}.partition_by: a column is listed twice")
+    for name in DELTA_ADDED_COLUMNS:
+        if name in types:
+            problems.append(
+                f"{where}: column '{name}' of {described} clashes with a column cdcsync adds to Delta tables"
+            )
+
+
 def parses(type_text: str) -> bool:
     try:
         parse_pg_type(type_text)
@@ -254,10 +298,12 @@ def parses(type_text: str) -> bool:
     return True
 
 
-def _target_tables(sink: SinkModel) -> list[tuple[str, str]]:
+def _target_tables(sink: PostgresSink | PostgresAggregateSink | ClickHouseSink | DeltaSink) -> list[tuple[str, str]]:
     """(YAML key, table name) of every table in ``sink.schema`` the sink owns."""
     if isinstance(sink, ClickHouseSink):
         return [("table", sink.table)] + ([("view", sink.view_name)] if sink.view_name else [])
+    if isinstance(sink, DeltaSink):
+        return [("path", sink.path)] if sink.path is not None else [("table", sink.table or "")]
     if isinstance(sink, PostgresAggregateSink):
         return [("landing_table", sink.landing_table), ("agg_table", sink.agg_table)]
     return [("table", sink.table)]
@@ -289,7 +335,14 @@ def check_sinks(
             seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
-        kind, namespace = ("clickhouse", sink.database) if isinstance(sink, ClickHouseSink) else ("pg", sink.schema_)
+        if isinstance(sink, OperatorSink | PluginSink):
+            continue  # owns no table
+        if isinstance(sink, DeltaSink):
+            kind, namespace = "delta", "delta"
+        elif isinstance(sink, ClickHouseSink):
+            kind, namespace = "clickhouse", sink.database
+        else:
+            kind, namespace = "pg", sink.schema_
         for key, table in _target_tables(sink):
             if (kind, namespace, table) in seen_tables:
                 owner = seen_tables[(kind, namespace, table)]

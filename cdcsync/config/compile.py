@@ -53,6 +53,7 @@ from cdcsync.config.sqlcheck import (
 )
 from cdcsync.config.transforms import DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType
+from cdcsync.core.names import KEY_MOVE_OP
 
 # --------------------------------------------------------------------------------------------------------------
 # Rewrite
@@ -253,8 +254,11 @@ def _compile_transform(
     for name in METADATA_TYPES:
         column: exp.Expr = exp.column(name, table=ROW, quoted=True)
         if name == "_cdc_op" and keep is not None:
-            truncate = exp.column(name, table=ROW, quoted=True).eq(exp.Literal.string("t"))
-            column = exp.Case().when(exp.or_(keep.copy(), truncate), column).else_(exp.Literal.string("d"))
+            # Truncates and key-move rows (KEY_MOVE_OP) are no changes of a row: they pass as they are.
+            passes = exp.column(name, table=ROW, quoted=True).isin(
+                exp.Literal.string("t"), exp.Literal.string(KEY_MOVE_OP)
+            )
+            column = exp.Case().when(exp.or_(keep.copy(), passes), column).else_(exp.Literal.string("d"))
         projections.append(column.as_(name, quoted=True))
     select = exp.Select(expressions=projections)
     select = _with_joins(select, input_view(query.input or ""), joins)
@@ -372,7 +376,9 @@ def _compile_dynamic_table(
         return None
     key = _key_expression(inner, value_type, key_type)
     condition = query.select.args.get("where")
-    not_null = key.copy().is_(exp.null()).not_()
+    # A key-move row is no change of a row: it adds no key.
+    not_move = exp.column("_cdc_op", table=ROW, quoted=True).neq(exp.Literal.string(KEY_MOVE_OP))
+    not_null = exp.and_(key.copy().is_(exp.null()).not_(), not_move)
     select = exp.Select(expressions=[key.as_("key", quoted=True), _position().as_("pos", quoted=True)])
     select = _with_joins(select, input_view(query.input or ""), [])
     select.set("where", exp.Where(this=exp.and_(condition.this, not_null) if condition is not None else not_null))

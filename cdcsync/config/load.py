@@ -7,7 +7,9 @@ problem as ``path.to.key: what is wrong``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ from cdcsync.config.pipeline import (
     TopicSchemas,
 )
 from cdcsync.config.plan import PipelinePlan
+from cdcsync.config.plugins import PluginSource, PluginTransform
+from cdcsync.config.plugins import plan_sources as plan_plugin_sources
+from cdcsync.config.plugins import plan_transforms as plan_plugin_transforms
 from cdcsync.config.routing import placeholders, render_name, table_sink_id, table_source_id
 from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransform, TransformModel
 from cdcsync.config.types import PgType, parse_pg_type
@@ -48,11 +53,17 @@ _PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def _plan(
-    sources: dict[str, KafkaSource], transforms: dict[str, TransformModel], declared: set[str], problems: list[str]
+    sources: dict[str, KafkaSource],
+    all_transforms: dict[str, TransformModel | PluginTransform],
+    declared: set[str],
+    problems: list[str],
+    plugin_sources: dict[str, PluginSource],
 ) -> tuple[PipelinePlan, Inputs]:
     """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
-    invalid = declared - set(sources) - set(transforms)
+    invalid = declared - set(sources) - set(all_transforms) - set(plugin_sources)
+    plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, PluginTransform)}
+    transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, PluginTransform)}
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     for source_id, source in typed.items():
         check_toasted_columns(source_id, source, problems)
@@ -61,8 +72,10 @@ def _plan(
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        plan, plan_problems = build_plan(streams, transforms, invalid | (set(sources) - set(typed)), placeholders)
+        unavailable = invalid | set(plugins) | set(plugin_sources) | (set(sources) - set(typed))
+        plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
+        _refuse_plugin_inputs(transforms, {**plugins, **plugin_sources}, plan, problems)
     planned = {step.id for step in plan.steps}
     invalid |= {tid for tid, t in transforms.items() if isinstance(t, SqlTransform) and tid not in planned}
     columns: dict[str, dict[str, PgType]] = {
@@ -74,7 +87,35 @@ def _plan(
         columns[step.id] = dict(step.columns)
         primary_keys[step.id] = list(step.primary_key)
     dynamic_tables = {tid for tid, t in transforms.items() if isinstance(t, DynamicTable)}
+    if plugin_sources:
+        source_steps = plan_plugin_sources(plugin_sources, columns, primary_keys, invalid, problems)
+        source_of_node = {**plan.source_of_node, **{source_id: source_id for source_id in source_steps}}
+        plan = dataclasses.replace(plan, plugin_sources=source_steps, source_of_node=source_of_node)
+    if plugins:
+        steps = plan_plugin_transforms(plugins, columns, primary_keys, invalid, problems)
+        source_of_node = {**plan.source_of_node}
+        for plugin_step in steps.values():  # in planning order: a step's input is planned before it
+            source_of_node[plugin_step.id] = source_of_node.get(plugin_step.input, plugin_step.input)
+        plan = dataclasses.replace(plan, plugin_steps=steps, source_of_node=source_of_node)
+        planned |= set(steps)
     return plan, Inputs(columns, primary_keys, planned, dynamic_tables, invalid)
+
+
+def _refuse_plugin_inputs(
+    transforms: dict[str, TransformModel], plugins: Mapping[str, object], plan: PipelinePlan, problems: list[str]
+) -> None:
+    """SQL transforms and dynamic tables run as Spark SQL over a decoded Kafka batch before the sinks, plugin
+    transforms inside the sinks' executor pass: SQL cannot read a plugin transform or a plugin source."""
+    planned = {step.id for step in plan.steps} | set(plan.dynamic_tables)
+    for tid, transform in transforms.items():
+        if tid in planned or transform.sql is None:
+            continue
+        read = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", transform.sql)
+        for plugin_id in sorted(set(read) & set(plugins)):
+            problems.append(
+                f"transforms.{tid}.sql: reads plugin operator '{plugin_id}'; SQL transforms and dynamic tables read "
+                "Kafka sources and SQL transforms only (a plugin transform may read a SQL transform instead)"
+            )
 
 
 def _route_tables(
@@ -218,6 +259,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         problems.append(f"name: {name!r} must start with a letter or digit and use only letters, digits, '_' and '-'")
 
     sources: dict[str, KafkaSource] = {}
+    plugin_sources: dict[str, PluginSource] = {}
     sinks: dict[str, SinkModel] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
@@ -233,10 +275,12 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         for entry_id, entry in entries.items():
             model, entry_problems = validate_entry(section, str(entry_id), entry, registry, planned)
             problems.extend(entry_problems)
-            if model is not None:
+            if isinstance(model, PluginSource):
+                plugin_sources[str(entry_id)] = model
+            elif model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
-    transforms: dict[str, TransformModel] = {}
+    transforms: dict[str, TransformModel | PluginTransform] = {}
     raw_transforms = raw.get("transforms") or {}
     if not isinstance(raw_transforms, dict):
         problems.append("transforms: expected a mapping of id -> definition")
@@ -275,7 +319,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     for transform_id, transform in transforms.items():
         if isinstance(transform, DynamicTable):
             check_dynamic_table(transform_id, transform, problems)
-    plan, inputs = _plan(sources, transforms, declared, problems)
+    plan, inputs = _plan(sources, transforms, declared, problems, plugin_sources)
     check_sinks(str(name), sinks, plan, inputs, problems)
 
     if problems:

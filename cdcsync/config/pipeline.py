@@ -19,7 +19,9 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
+from cdcsync.config.plugins import PluginSink, PluginTransform
 from cdcsync.config.routing import check_pattern
 from cdcsync.config.transforms import TransformModel
 from cdcsync.config.types import PgType, parse_pg_type
@@ -329,6 +331,83 @@ class ClickHouseSink(_Model):
         return (self.view or f"{self.table}_current") if self.legacy_server else None
 
 
+_DELTA_LOCATION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_DELTA_SCHEMES = ("file", "s3a", "abfss", "gs", "hdfs", "dbfs")
+
+
+class DeltaSink(_Model):
+    """A Delta Lake table written through the run's own Spark session (:mod:`cdcsync.sinks.delta`).
+
+    ``mode: mirror`` keeps one row per key like a Postgres mirror; ``mode: history`` keeps every version of each
+    key (SCD type 2). The table is created by a migration (``migrations/<pipeline>/delta/``) and checked at start.
+    """
+
+    type: Literal["delta"]
+    from_: str = Field(alias="from", min_length=1)
+    path: str | None = Field(default=None, min_length=1)
+    """Where the table lives: a local directory, or a URI Spark's Hadoop conf can reach (``s3a://``,
+    ``abfss://``, ``gs://``; credentials through ``spark.conf``, see docs/delta.md)."""
+    table: str | None = Field(default=None, min_length=1)
+    """A catalog table (``name`` or ``database.name``) instead of a path."""
+    primary_key: list[str] | None = None
+    partition_by: list[str] = Field(default_factory=list)
+    mode: Literal["mirror", "history"] = "mirror"
+    delete_mode: Literal["hard", "soft"] = "hard"
+    """Mirror only. ``hard``: a delete removes the row, and the key's delete version is kept in a tombstone table
+    beside it so that an older change replayed later cannot bring the key back. ``soft``: the row stays, with
+    ``_cdc_deleted = true``."""
+    change_data_feed: bool = True
+    """``delta.enableChangeDataFeed`` on the table, so that others can read its row-level changes."""
+    properties: dict[str, str] = Field(default_factory=dict)
+    """More table properties (``TBLPROPERTIES``), e.g. ``delta.logRetentionDuration``."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+    _normalise_partitions = field_validator("partition_by", mode="before")(_as_key_list)
+
+    @model_validator(mode="after")
+    def _one_location(self) -> DeltaSink:
+        if self.path is None and self.table is None:
+            raise ValueError("path: required key is missing (or table, for a catalog table)")
+        if self.path is not None and self.table is not None:
+            raise ValueError("table: give either path (a directory or URI) or table (a catalog table), not both")
+        if self.mode == "history" and "delete_mode" in self.model_fields_set:
+            raise ValueError("delete_mode: only for mode: mirror (a history table keeps deletes as rows)")
+        return self
+
+    @field_validator("path")
+    @classmethod
+    def _known_scheme(cls, path: str | None) -> str | None:
+        if path is not None and _DELTA_LOCATION_RE.match(path):
+            scheme = path.split("://", 1)[0].lower()
+            if scheme not in _DELTA_SCHEMES:
+                raise ValueError(f"scheme '{scheme}://' is not one of {', '.join(s + '://' for s in _DELTA_SCHEMES)}")
+        return path
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, table: str | None) -> str | None:
+        if table is not None:
+            parts = table.split(".")
+            if len(parts) > 3 or any(not part or "`" in part or any(ord(c) < 32 for c in part) for part in parts):
+                raise ValueError("must be 'name', 'database.name' or 'catalog.database.name', without '`'")
+        return table
+
+    @field_validator("properties")
+    @classmethod
+    def _property_names(cls, properties: dict[str, str]) -> dict[str, str]:
+        for name, value in properties.items():
+            if not isinstance(value, str):
+                raise ValueError(f"'{name}': values are strings (quote them in YAML)")
+            if name.lower() == "delta.enablechangedatafeed":
+                raise ValueError(f"'{name}': set change_data_feed instead")
+        return properties
+
+    @property
+    def target_name(self) -> str:
+        """How messages name the table."""
+        return self.table if self.table is not None else f"delta.`{self.path}`"
+
+
 def internal_tables(pipeline_name: str, sink_id: str, sink: PostgresSink | PostgresAggregateSink) -> tuple[str, str]:
     """The staging and tombstone tables of a Postgres sink, in the internal schema. A routed table's names are
     readable and of bounded length: the declared sink id and the target table (not the topic)."""
@@ -347,21 +426,23 @@ class RoutedClickHouseSink(ClickHouseSink):
 
 AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
-SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink
+SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink | DeltaSink | OperatorSink | PluginSink
 
 SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
 SINK_TYPES: dict[str, type[_Model]] = {
     "postgres": PostgresSink,
     "postgres_aggregate": PostgresAggregateSink,
     "clickhouse": ClickHouseSink,
+    "delta": DeltaSink,
+    **OPERATOR_SINK_TYPES,
 }
-PLANNED_SINK_TYPES = ("dynamic_table", "delta", "print")
+PLANNED_SINK_TYPES = ("dynamic_table",)
 
 
 class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
-    transforms: dict[str, TransformModel] = Field(default_factory=dict)
+    transforms: dict[str, TransformModel | PluginTransform] = Field(default_factory=dict)
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
     plan: SkipValidation[PipelinePlan] = Field(default_factory=PipelinePlan, exclude=True)
@@ -401,20 +482,24 @@ class Pipeline(_Model):
 
     def columns_of(self, node_id: str) -> dict[str, PgType]:
         """Business columns of a source or SQL transform, in order (the ``_cdc_*`` columns are implied)."""
-        step = self.step_of(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return dict(step.columns) if step is not None else self.sources[node_id].column_types()
 
     def primary_key_of(self, node_id: str) -> list[str] | None:
-        step = self.step_of(node_id)
+        step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
         return list(step.primary_key) if step is not None else self.sources[node_id].primary_key
 
     def postgres_sinks(self) -> dict[str, AnySink]:
         """The sinks that land in Postgres (mirrors and aggregations)."""
-        return {sid: s for sid, s in self.sinks.items() if not isinstance(s, ClickHouseSink)}
+        return {sid: s for sid, s in self.sinks.items() if isinstance(s, PostgresSink | PostgresAggregateSink)}
 
     def clickhouse_sinks(self) -> dict[str, ClickHouseSink]:
         """The sinks that land in ClickHouse; only a pipeline with some needs a ClickHouse server at all."""
         return {sid: s for sid, s in self.sinks.items() if isinstance(s, ClickHouseSink)}
+
+    def delta_sinks(self) -> dict[str, DeltaSink]:
+        """The sinks that land in Delta tables; only a pipeline with some has ``delta`` migrations."""
+        return {sid: s for sid, s in self.sinks.items() if isinstance(s, DeltaSink)}
 
     def sink_primary_key(self, sink: SinkModel) -> list[str]:
         """The sink's key: its own ``primary_key``, else its input's (validation guarantees one exists)."""

@@ -16,7 +16,8 @@ Contract between the plan and the runtime (:mod:`cdcsync.engine.batch`):
 * ``TransformStep.spark_sql`` reads only those views and yields exactly one row per input row: the business
   columns of ``TransformStep.columns`` in order, then the ``_cdc_*`` columns. A change that the transform's WHERE
   rejects comes out as a delete of its key (``_cdc_op = 'd'``, other computed columns NULL), so that downstream
-  the target always equals the transform applied to each key's latest change; truncates (``_cdc_op = 't'``) pass.
+  the target always equals the transform applied to each key's latest change; truncates (``_cdc_op = 't'``) and
+  key-move rows (``'n'``, :data:`cdcsync.core.names.KEY_MOVE_OP`) pass.
 * ``dynamic_table_check('t', e)`` is true when ``e`` (cast to the table's key type) is among the prior keys, or is
   added by this batch's side output at an earlier position than the row being checked (the table then behaves as
   if changes were processed one at a time, in offset order); false for NULL. Implemented with broadcast joins
@@ -89,6 +90,32 @@ class TransformStep:
 
 
 @dataclass(frozen=True)
+class PluginStep:
+    """A plugin transform (``type: namespace.operator``), run on the executors by the sinks that read it
+    (:mod:`cdcsync.transforms.plugins`): it reads a source, a SQL transform or another plugin transform."""
+
+    id: str
+    input: str
+    type: str
+    options: tuple[tuple[str, object], ...]
+    """As given in YAML; the operator's ``Options`` model validates them again where it is built."""
+    primary_key: tuple[str, ...]
+    columns: tuple[tuple[str, PgType], ...]
+
+
+@dataclass(frozen=True)
+class PluginSourceStep:
+    """A plugin source (``type: namespace.operator``): one streaming query of its own, whose micro-batches the
+    runtime gives the ``_cdc_*`` columns (:mod:`cdcsync.runtime.plugin_sources`)."""
+
+    id: str
+    type: str
+    options: tuple[tuple[str, object], ...]
+    primary_key: tuple[str, ...]
+    columns: tuple[tuple[str, PgType], ...]
+
+
+@dataclass(frozen=True)
 class PipelinePlan:
     steps: tuple[TransformStep, ...] = ()
     """Topological order: a step comes after the step it reads, and after the input of every side output that
@@ -96,3 +123,22 @@ class PipelinePlan:
     dynamic_tables: dict[str, DynamicTableSpec] = field(default_factory=dict)
     source_of_node: dict[str, str] = field(default_factory=dict)
     """Node id (source or transform) -> the source whose micro-batches feed it."""
+    plugin_steps: dict[str, PluginStep] = field(default_factory=dict)
+    """Plugin transforms, by id."""
+    plugin_sources: dict[str, PluginSourceStep] = field(default_factory=dict)
+    """Plugin sources, by id (not in ``Pipeline.sources``, which are Kafka topics)."""
+
+    def plugin_chain(self, node_id: str) -> tuple[PluginStep, ...]:
+        """The plugin transforms between ``node_id`` and the nearest source or SQL transform, in the order they
+        run; empty when ``node_id`` is not a plugin transform."""
+        chain: list[PluginStep] = []
+        while node_id in self.plugin_steps:
+            chain.append(self.plugin_steps[node_id])
+            node_id = self.plugin_steps[node_id].input
+        return tuple(reversed(chain))
+
+    def view_of(self, node_id: str) -> str:
+        """The source or SQL transform whose rows the plugin transforms of ``node_id`` start from (itself when it
+        is not a plugin transform)."""
+        chain = self.plugin_chain(node_id)
+        return chain[0].input if chain else node_id

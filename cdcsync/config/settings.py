@@ -47,6 +47,13 @@ class DevStackSettings(_Section):
     debezium_database: str = "cdcsync_source"
     debezium_format: str = "json"
     debezium_schemas_enable: bool = True
+    spark_master_port: int = 17077
+    """The standalone master of ``cdcsync dev up --spark-workers N``."""
+    spark_master_webui_port: int = 18080
+    spark_worker_webui_port: int = 18091
+    """Worker i (1-based) serves its web UI on this port + i - 1."""
+    spark_worker_cores: int = 1
+    spark_worker_memory: str = "2g"
 
 
 class KafkaSettings(_Section):
@@ -100,10 +107,37 @@ class RetrySettings(_Section):
     ``run`` exits 1 naming what failed. Nothing of the batch is committed, so the next run replays it."""
 
 
+class MetricsSettings(_Section):
+    """Prometheus metrics and the health endpoint of ``cdcsync run`` (docs/operations.md#metrics)."""
+
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve ``/metrics`` and ``/healthz`` on this port (``run --metrics-port``); None: no server."""
+    host: str = "0.0.0.0"
+    """The address the server listens on (all interfaces by default, as a scraper in another pod needs)."""
+    max_batch_age_s: float | None = Field(default=None, gt=0)
+    """``/healthz`` answers 503 when the last batch landed longer ago than this (None: the age is only shown,
+    since a quiet topic runs no batches)."""
+    otlp_endpoint: str | None = None
+    """Also push the same metrics over OTLP/HTTP to this URL (``http://collector:4318/v1/metrics``); needs the
+    ``otlp`` extra (``pip install 'cdcsync[otlp]'``)."""
+    otlp_interval_s: float = Field(default=30.0, gt=0)
+
+
+class RunSettings(_Section):
+    """How ``cdcsync run`` stops."""
+
+    stop_timeout_s: float = Field(default=25.0, gt=0)
+    """After SIGTERM or Ctrl-C, how long the batch in flight may take to finish (Kubernetes sends SIGKILL 30 s
+    after SIGTERM by default). Past it, ``run`` exits 1 without committing that batch: the next run replays it."""
+
+
 class SparkSettings(_Section):
     master: str = "local[2]"
     conf: dict[str, str] = Field(default_factory=dict)
     """Extra Spark configuration, native keys (``spark.sql.shuffle.partitions``...)."""
+    class_data_sharing: bool = True
+    """Start the driver JVM from the class-data-sharing archive ``make jars`` builds, when it is there
+    (:mod:`cdcsync.runtime.cds`): a faster Spark start, nothing else changes."""
 
 
 class Settings(BaseSettings):
@@ -120,6 +154,8 @@ class Settings(BaseSettings):
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
     devstack: DevStackSettings = Field(default_factory=DevStackSettings)
     state_dir: Path = Path(".cdcsync")
     """Checkpoints and dev-stack data live here."""

@@ -94,6 +94,12 @@ class SinkError(CdcsyncError):
     """Writing to a target failed."""
 
 
+class TargetRefused(UserError):
+    """A target answered that what was sent is wrong (an HTTP 4xx other than 408 and 429): sending it again cannot
+    help, so the run stops (exit 2) until the sink's configuration or the receiver is fixed; the batch is replayed
+    then."""
+
+
 class DecodeError(CdcsyncError):
     """A message could not be decoded; with ``on_decode_error: fail`` this stops the pipeline."""
 

@@ -16,7 +16,17 @@ BATCH_LEDGER_TABLE = "batch_ledger"
 DEAD_LETTERS_TABLE = "dead_letters"
 TRUNCATIONS_TABLE = "truncations"
 SOURCE_POSITIONS_TABLE = "source_positions"
+KEY_MOVES_TABLE = "key_moves"
 DYNAMIC_TABLE_CHANGES_TABLE = "dynamic_table_changes"
+INTERNAL_TABLES = (
+    SCHEMA_MIGRATIONS_TABLE,
+    BATCH_LEDGER_TABLE,
+    DEAD_LETTERS_TABLE,
+    TRUNCATIONS_TABLE,
+    SOURCE_POSITIONS_TABLE,
+    KEY_MOVES_TABLE,
+    DYNAMIC_TABLE_CHANGES_TABLE,
+)
 DYNAMIC_TABLE_BOOKKEEPING: tuple[tuple[str, str], ...] = (
     ("_cdc_pipeline", "text"),
     ("_cdc_checkpoint", "text"),
@@ -37,6 +47,11 @@ DELETED_COLUMN = "_cdc_deleted"  # soft delete mode only
 # Columns of the staging table beside the business columns.
 BATCH_ID_COLUMN = "_batch_id"
 OP_COLUMN = "_cdc_op"
+KEY_MOVE_OP = "n"
+"""``_cdc_op`` of a key-move row: the new key of a primary-key change, read from the Kafka header
+``__debezium.newkey`` of the delete of its old key, with that delete's version and every other column null
+(:mod:`cdcsync.sources.debezium.plan`). Not a change: sinks use it to pair the delete with the create of the new
+key (:mod:`cdcsync.sinks.key_moves`); transforms pass it on like a truncate; nothing lands it."""
 
 
 def stage_table(pipeline: str, sink_id: str) -> str:
@@ -81,3 +96,10 @@ def bounded(*parts: str) -> str:
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     head = name.encode()[:54].decode(errors="ignore")
     return f"{head}_{digest}"
+
+
+OWNER_ROLE = "cdcsync_owner"
+"""The role that owns every object cdcsync's migrations create; the migrations run as it (``SET LOCAL ROLE``)."""
+WRITER_ROLE = "cdcsync_writer"
+"""The role ``cdcsync run`` needs: reads and writes rows of the targets and cdcsync's tables, no DDL. Both roles are
+NOLOGIN group roles: a DBA grants them to login roles (docs/operations.md#roles)."""

@@ -33,6 +33,7 @@ from cdcsync.core.errors import (
     SchemaChangeError,
     ServiceError,
     SinkError,
+    TargetRefused,
     UndecodableMessage,
 )
 
@@ -50,6 +51,8 @@ class Kind(str, Enum):
     """fields: reason; once located, topic, partition, offset."""
     WRITE_FAILED = "write_failed"
     """fields: message (what was being written, and the error), retriable (whether a retry may help)."""
+    REFUSED = "refused"
+    """fields: message. A target refused a write as wrong (an HTTP 4xx): not retried, the run stops (exit 2)."""
     SERVICE_UNAVAILABLE = "service_unavailable"
     """fields: message. A service the decoder needs (the schema registry) was down, refused the credentials or
     answered 5xx past its retry budget: an infrastructure fault, never a dead letter; the batch is replayed."""
@@ -97,7 +100,7 @@ class Report:
             if "topic" in f:
                 return f"message at {f['topic']}/{f['partition']}@{f['offset']} could not be decoded: {f['reason']}"
             return str(f["reason"])
-        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE):
+        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE, Kind.REFUSED):
             return str(f["message"])
         if self.kind is Kind.SCHEMA_CHANGE and "topic" not in f:
             changes = [f"new field {name!r}" for name in f["added"]]
@@ -139,6 +142,10 @@ class Report:
                 ),
             )
         message = f"{doing}: {f['message']}" if doing else str(f["message"])
+        if self.kind is Kind.REFUSED:
+            return TargetRefused(
+                message, hint="nothing of the batch was recorded: fix the sink or the receiver, then run again"
+            )
         if self.kind is Kind.SERVICE_UNAVAILABLE:
             return ServiceError(
                 message,
@@ -172,6 +179,10 @@ def new_topic(source_id: str, topic: str, partition: int, offset: int) -> Report
 
 def write_failed(message: str, *, retriable: bool) -> Report:
     return Report(Kind.WRITE_FAILED, {"message": message, "retriable": retriable})
+
+
+def refused(message: str) -> Report:
+    return Report(Kind.REFUSED, {"message": message})
 
 
 def service_unavailable(message: str) -> Report:

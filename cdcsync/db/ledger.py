@@ -82,6 +82,31 @@ class LedgeredSink:
             )
         return False
 
+    def not_landed(self, ledger_key: dict[str, Any]) -> bool:
+        """``prepare`` of a sink whose target is not the ledger's database (ClickHouse, Delta): False when the
+        ledger holds this batch with the same offset ranges (it landed before)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                return not self.landed(conn, ledger_key)
+        except psycopg.Error as error:
+            raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
+
+    def record_landed(self, ledger_key: dict[str, Any], rows_written: int) -> bool:
+        """Record a batch whose target was written outside the ledger's transaction (ClickHouse's inserts, a
+        Delta commit), with its rows; False when another attempt recorded it first."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.transaction():
+                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
+                    return False
+                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_written})
+        except psycopg.Error as error:
+            raise self._error(f"recording batch {ledger_key['batch_id']} in the ledger", error) from None
+        return True
+
     def _error(self, doing: str, error: Exception) -> SinkError:
         """A Postgres failure as this sink's error: what it was doing, the first line of the cause, retriable
         when a retry may help."""

@@ -45,6 +45,11 @@ class DevStackConfig:
     debezium_format: str = _DEFAULTS.debezium_format
     debezium_schemas_enable: bool = _DEFAULTS.debezium_schemas_enable
     """JsonConverter ``schemas.enable``: the schema/payload wrapper that carries decimal scales."""
+    spark_master_port: int = _DEFAULTS.spark_master_port
+    spark_master_webui_port: int = _DEFAULTS.spark_master_webui_port
+    spark_worker_webui_port: int = _DEFAULTS.spark_worker_webui_port
+    spark_worker_cores: int = _DEFAULTS.spark_worker_cores
+    spark_worker_memory: str = _DEFAULTS.spark_worker_memory
     startup_timeout_s: float = 120.0
     cache_dir: Path | None = None
     """Where downloaded JVM artifacts are cached; None: :func:`cdcsync.runtime.ivy.cache_root`."""

@@ -12,7 +12,7 @@ import fcntl
 import shlex
 from collections.abc import Callable, Iterator
 
-from cdcsync.devstack import apicurio, clickhouse, debezium, kafka, postgres
+from cdcsync.devstack import apicurio, clickhouse, debezium, kafka, postgres, spark
 from cdcsync.devstack.common import DevStackConfig, ServiceStatus
 from cdcsync.devstack.service import Service
 
@@ -44,22 +44,24 @@ def _locked(cfg: DevStackConfig) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def up(cfg: DevStackConfig, *, with_debezium: bool = False) -> dict[str, ServiceStatus]:
+def up(cfg: DevStackConfig, *, with_debezium: bool = False, spark_workers: int = 0) -> dict[str, ServiceStatus]:
     """Start what is not running, then wait for every service to accept connections.
 
     All services are launched before any is waited for, so their start-up times overlap. A service that is
     already running is left alone (same pid), but is still checked for readiness. ``with_debezium`` then adds
-    Kafka Connect with the Debezium Postgres connector.
+    Kafka Connect with the Debezium Postgres connector; ``spark_workers`` > 0 a Spark standalone master and that
+    many workers (:mod:`cdcsync.devstack.spark`).
     """
     with _locked(cfg):
-        result = _start_and_wait(cfg, SERVICES)
+        result = _start_and_wait([kind(cfg) for kind in SERVICES])
         if with_debezium:
-            result.update(_start_and_wait(cfg, (DEBEZIUM,)))
+            result.update(_start_and_wait([DEBEZIUM(cfg)]))
+        if spark_workers:
+            result.update(_start_and_wait(spark.services(cfg, spark_workers)))
         return result
 
 
-def _start_and_wait(cfg: DevStackConfig, kinds: tuple[ServiceKind, ...]) -> dict[str, ServiceStatus]:
-    services = [kind(cfg) for kind in kinds]
+def _start_and_wait(services: list[Service]) -> dict[str, ServiceStatus]:
     launched = {service.name: service.start() for service in services}
     result: dict[str, ServiceStatus] = {}
     for service in services:
@@ -74,7 +76,10 @@ def _start_and_wait(cfg: DevStackConfig, kinds: tuple[ServiceKind, ...]) -> dict
 def _present(cfg: DevStackConfig) -> list[Service]:
     """The services of this stack: the optional ones only once they were started."""
     kinds = (*SERVICES, DEBEZIUM) if debezium.was_started(cfg) else SERVICES
-    return [kind(cfg) for kind in kinds]
+    present = [kind(cfg) for kind in kinds]
+    if spark.master_was_started(cfg):
+        present += spark.services(cfg, spark.started_workers(cfg))
+    return present
 
 
 def down(cfg: DevStackConfig) -> dict[str, ServiceStatus]:
@@ -99,4 +104,6 @@ def env_lines(cfg: DevStackConfig) -> list[str]:
         # Not cdcsync settings: where to write source changes and where Kafka Connect's REST API is.
         values["CDCSYNC_DEV_SOURCE_DSN"] = debezium.source_dsn(cfg)
         values["CDCSYNC_DEV_CONNECT_URL"] = debezium.url(cfg)
+    if spark.master_was_started(cfg):
+        values["CDCSYNC__SPARK__MASTER"] = spark.master_url(cfg)
     return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]

@@ -23,9 +23,15 @@ from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
+from cdcsync.sinks import key_moves
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.delta import DeltaTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask, TopicDecoders
+from cdcsync.sinks.webhook import WebhookTableSink
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, decoder_input
+from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,8 +42,12 @@ log = logging.getLogger(__name__)
 _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
-BatchSink = PostgresUpsertSink | ClickHouseTableSink
-"""Driver side of a sink: ``ledger_key``, ``prepare``, ``stage_writer``, ``merge``."""
+BatchSink = (
+    PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink | DeltaTableSink
+)
+"""Driver side of a sink: ``ledger_key``, ``prepare``, then ``stage_writer`` and ``merge`` (executors write), or
+``merge_changes`` (a Delta sink: the driver's MERGE reads the batch's DataFrame, see :mod:`cdcsync.engine.graph`)."""
+ExecutorSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
 
 
 class ExecutorWriter(Protocol):
@@ -145,6 +155,8 @@ class SinkOutcome:
     skipped: bool
     rows_staged: int = 0
     rows_merged: int = 0
+    merge_seconds: float = 0.0
+    """How long the driver's merge (and ledger row) took; the run's metrics observe it."""
 
 
 def pending_sinks(
@@ -180,22 +192,53 @@ def stage(
     return staged
 
 
-def writer_for(sink: BatchSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
-    if isinstance(sink, ClickHouseTableSink):  # its insert tokens name the checkpoint too
-        return sink.stage_writer(batch_id, checkpoint_id)
-    return sink.stage_writer(batch_id)
+@dataclass(frozen=True)
+class WithoutKeyMoves:
+    """A writer that is not handed the key-move rows (:mod:`cdcsync.sinks.key_moves`): they are cdcsync's own
+    bookkeeping for the sinks that keep a table by key, not changes to print, post or give to plugin code."""
+
+    writer: ExecutorWriter
+
+    def stage(self, table: pa.Table) -> int:
+        return self.writer.stage(key_moves.split(table)[1])
+
+
+def executor_sinks(sinks: dict[str, BatchSink]) -> dict[str, ExecutorSink]:
+    """The sinks the executors write; a source with Delta sinks takes the graph path, which lands those itself."""
+    executor = {sink_id: sink for sink_id, sink in sinks.items() if not isinstance(sink, DeltaTableSink)}
+    assert len(executor) == len(sinks), "Delta sinks are landed by land_graph_batch"
+    return executor
+
+
+def writer_for(sink: ExecutorSink, batch_id: int, checkpoint_id: str) -> ExecutorWriter:
+    """The executor side of ``sink`` for this batch, running the plugin transforms it reads first, if any."""
+    writer: ExecutorWriter
+    if isinstance(sink, PostgresUpsertSink):
+        writer = sink.stage_writer(batch_id)
+    else:
+        writer = sink.stage_writer(batch_id, checkpoint_id)  # their insert tokens or idempotency keys name it
+    chain = sink.pipeline.plan.plugin_chain(sink.sink.from_)
+    keeps_key_moves = isinstance(sink, PostgresUpsertSink | ClickHouseTableSink) and not chain
+    writer = with_chain(writer, chain)
+    return writer if keeps_key_moves else WithoutKeyMoves(writer)
 
 
 def merge_all(
-    pending: dict[str, BatchSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
+    pending: dict[str, ExecutorSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
 ) -> dict[str, SinkOutcome]:
     """Each sink's driver-side merge and ledger row, in its own transaction."""
     outcome: dict[str, SinkOutcome] = {}
     for sink_id, sink in pending.items():
         # ClickHouse: the executors inserted the rows, the merge records the batch; Postgres: the merge checks that
         # the stage holds what the tasks staged, then merges it.
+        started = time.monotonic()
         merged = sink.merge(keys[sink_id], staged[sink_id])
-        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_staged=staged[sink_id], rows_merged=merged or 0)
+        outcome[sink_id] = SinkOutcome(
+            skipped=merged is None,
+            rows_staged=staged[sink_id],
+            rows_merged=merged or 0,
+            merge_seconds=time.monotonic() - started,
+        )
     return outcome
 
 
@@ -216,16 +259,17 @@ def land_batch(
     if not pending and (sinks or isinstance(decode, DecodeTask)):
         return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
     started = time.monotonic()
-    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in pending.values())
+    written = executor_sinks(pending)
+    writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values())
     task: StageTask | RoutedStageTask
     if isinstance(decode, TopicDecoders):
-        topics = tuple(_routed_topic(sink) for sink in pending.values())
+        topics = tuple(_routed_topic(sink) for sink in written.values())
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(pending, stage(raw.select(*DECODER_INPUT_COLUMNS), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(written, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
-    outcome.update(merge_all(pending, keys, staged))
+    outcome.update(merge_all(written, keys, staged))
     log.info(
         "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
         batch_id,
@@ -236,8 +280,27 @@ def land_batch(
     return outcome
 
 
-def _routed_topic(sink: BatchSink) -> str:
+def _routed_topic(sink: ExecutorSink) -> str:
     """The topic whose table a sink of a ``topic_pattern`` source lands."""
     routed = sink.sink
     assert isinstance(routed, RoutedPostgresSink | RoutedClickHouseSink), "sinks of a topic_pattern are routed"
     return routed.topic
+
+
+def land_rows(
+    rows: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+) -> dict[str, SinkOutcome]:
+    """Land a micro-batch whose rows need no decoding (a plugin source's: business and ``_cdc_*`` columns) in
+    every sink: ledger lookups, one staging pass, a ledgered merge per sink."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, None)
+    if not pending:
+        return outcome
+    written = executor_sinks(pending)
+    task = StageRowsTask(tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values()))
+    staged = dict(zip(written, stage(rows, task, batch_id, pipeline_file), strict=True))
+    outcome.update(merge_all(written, keys, staged))
+    return outcome

@@ -38,15 +38,17 @@ from cdcsync.engine.batch import (
     BatchSink,
     SinkOutcome,
     StageRowsTask,
+    executor_sinks,
     merge_all,
     pending_sinks,
     raise_reported,
     stage,
     writer_for,
 )
+from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sources.debezium.dispatch import output_spark_schema
 from cdcsync.sources.debezium.spec import output_arrow_schema
-from cdcsync.sources.kafka import DECODER_INPUT_COLUMNS, DecodeTask
+from cdcsync.sources.kafka import DecodeTask, decoder_input
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
 if TYPE_CHECKING:
@@ -74,8 +76,13 @@ class SourceGraph:
     """Sink id -> the node (this source or one of its transforms) it reads."""
 
     @classmethod
-    def of(cls, pipeline: Pipeline, source_id: str, sink_inputs: dict[str, str], dsn: str) -> SourceGraph | None:
-        """The graph of ``source_id``; None when its batches need no transform (the single-pass path)."""
+    def of(
+        cls, pipeline: Pipeline, source_id: str, sink_inputs: dict[str, str], dsn: str, *, frames: bool = False
+    ) -> SourceGraph | None:
+        """The graph of ``source_id``; None when its batches need no transform (the single-pass path).
+
+        ``frames``: a sink reads the batch as a DataFrame (a Delta sink), so the batch is decoded into one even
+        without transforms."""
         plan = pipeline.plan
         nodes = {node for node, source in plan.source_of_node.items() if source == source_id} | {source_id}
         steps = tuple(step for step in plan.steps if step.id in nodes)
@@ -84,7 +91,7 @@ class SourceGraph:
             for table_id, spec in plan.dynamic_tables.items()
             if spec.fill is not None and spec.fill.input in nodes
         }
-        if not steps and not fills:
+        if not steps and not fills and not frames:
             return None
         used = {table_id for step in steps for table_id in step.dynamic_tables} | fills.keys()
         tables = {t: DynamicTable(pipeline, plan.dynamic_tables[t], dsn) for t in sorted(used)}
@@ -119,7 +126,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
 
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
-    decoded = raw.select(*DECODER_INPUT_COLUMNS).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+    decoded = decoder_input(raw).mapInArrow(DecodeRowsTask(decode, schema), ddl)
     decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         # Scans every partition, so this also fills the cache that the later steps read.
@@ -186,15 +193,20 @@ def land_graph_batch(
                 table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id, offsets)
         staged: dict[str, int] = {}
         by_node: dict[str, list[str]] = {}
-        for sink_id in pending:
+        lake = {s: sink for s, sink in pending.items() if isinstance(sink, DeltaTableSink)}
+        written = executor_sinks({s: sink for s, sink in pending.items() if s not in lake})
+        for sink_id in written:
             by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
         for node, sink_ids in by_node.items():
-            task = StageRowsTask(tuple(writer_for(pending[s], batch_id, checkpoint_id) for s in sink_ids))
+            task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
             staged.update(
                 zip(sink_ids, stage(spark.table(input_view(node)), task, batch_id, pipeline_file), strict=True)
             )
         staged_at = time.monotonic()
-        outcome.update(merge_all(pending, keys, staged))
+        outcome.update(merge_all(written, keys, staged))
+        for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
+            merged = sink.merge_changes(keys[sink_id], spark.table(input_view(graph.sink_inputs[sink_id])))
+            outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_merged=merged or 0)
         for table_id, table in graph.tables.items():
             if table_id in graph.fills and table.in_memory:
                 table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)

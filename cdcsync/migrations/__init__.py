@@ -13,12 +13,14 @@ The public API::
 
 Modules: :mod:`~cdcsync.migrations.files` (the file format), :mod:`~cdcsync.migrations.plan` (``init``),
 :mod:`~cdcsync.migrations.apply` (the ledger), :mod:`~cdcsync.migrations.target` (what a database provides),
-:mod:`~cdcsync.migrations.postgres` and :mod:`~cdcsync.migrations.clickhouse` (the two targets),
+:mod:`~cdcsync.migrations.postgres`, :mod:`~cdcsync.migrations.clickhouse` and :mod:`~cdcsync.migrations.delta`
+(the targets),
 :mod:`~cdcsync.migrations.recorded` (the source schemas ``init`` recorded).
 """
 
 from cdcsync.migrations.apply import apply_pending, check_ready, status
 from cdcsync.migrations.clickhouse import CLICKHOUSE
+from cdcsync.migrations.delta import DELTA
 from cdcsync.migrations.files import (
     STATE_PREFIX,
     MigrationStatus,
@@ -34,11 +36,12 @@ from cdcsync.migrations.postgres import POSTGRES
 from cdcsync.migrations.recorded import recorded_lookup, recorded_schemas, recorded_tables
 from cdcsync.migrations.target import Target
 
-TARGETS: tuple[Target, ...] = (POSTGRES, CLICKHOUSE)
+TARGETS: tuple[Target, ...] = (POSTGRES, CLICKHOUSE, DELTA)
 """Every target, in the order ``init`` and ``migrate`` handle them."""
 
 __all__ = [
     "CLICKHOUSE",
+    "DELTA",
     "POSTGRES",
     "STATE_PREFIX",
     "TARGETS",

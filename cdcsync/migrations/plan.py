@@ -181,6 +181,8 @@ def apply_change(state: dict[str, Any], change: Change, desired: dict[str, Any])
         after["sources"] = desired["sources"]
     if change.kind == "upgrade_internal":
         after["internal_version"] = desired["internal_version"]
+    elif change.kind == "grant_roles":
+        after["roles"] = desired["roles"]
     elif change.kind == "add_sink":
         after["sinks"][change.sink_id] = desired["sinks"][change.sink_id]
     elif change.kind == "add_dynamic_table":

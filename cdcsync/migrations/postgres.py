@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from cdcsync.config.types import PgType
 
 DATABASE = "postgres"
-INTERNAL_VERSION = 5
+INTERNAL_VERSION = 6
 """Version of the tables in the internal schema: 2 added ``truncations``, 3 ``dynamic_table_changes`` and its
 trigger function, 4 the ``offsets`` column of ``batch_ledger``, 5 made truncate watermarks ``numeric(38,0)`` and
-added ``source_positions``. States without it are version 1."""
+added ``source_positions``, 6 added ``key_moves``. States without it are version 1."""
 _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     (2, "internal_truncations.sql.j2", names.TRUNCATIONS_TABLE, "the last truncate applied per sink"),
     (
@@ -53,6 +53,12 @@ _INTERNAL_UPGRADES: tuple[tuple[int, str, str, str], ...] = (
     ),
     (5, "internal_version_type.sql.j2", names.TRUNCATIONS_TABLE, f"watermarks widened to {names.VERSION_TYPE}"),
     (5, "internal_source_positions.sql.j2", names.SOURCE_POSITIONS_TABLE, "the newest source position per sink"),
+    (
+        6,
+        "internal_key_moves.sql.j2",
+        names.KEY_MOVES_TABLE,
+        "the old key's large values of primary-key changes whose create is still to come",
+    ),
 )
 """(version, template, table, what it is) of each upgrade of the internal tables, in order."""
 
@@ -250,9 +256,17 @@ def _version_what(sink_id: str, sink: dict[str, Any], internal_schema: str) -> l
     ]
 
 
-def _render_dynamic_table(pipeline_name: str, table_id: str, table: dict[str, Any], internal_schema: str) -> str:
-    values = {"pipeline": pipeline_name, "table_id": table_id, "table": table, "internal_schema": internal_schema}
-    return render(f"{DATABASE}/dynamic_table.sql.j2", **values)
+def _render_dynamic_table(
+    pipeline_name: str, table_id: str, table: dict[str, Any], internal_schema: str, roles: Any = None
+) -> str:
+    return render(
+        f"{DATABASE}/dynamic_table.sql.j2",
+        pipeline=pipeline_name,
+        table_id=table_id,
+        table=table,
+        internal_schema=internal_schema,
+        roles=roles,
+    )
 
 
 def _dynamic_table_what(table_id: str, table: dict[str, Any]) -> str:
@@ -262,12 +276,48 @@ def _dynamic_table_what(table_id: str, table: dict[str, Any]) -> str:
     )
 
 
-def _render_sink(pipeline_name: str, sink_id: str, sink: dict[str, Any], internal_schema: str) -> str:
+def _render_sink(
+    pipeline_name: str, sink_id: str, sink: dict[str, Any], internal_schema: str, roles: Any = None
+) -> str:
     values = {"pipeline": pipeline_name, "sink_id": sink_id, "sink": sink, "internal_schema": internal_schema}
+    values["roles"] = roles
     sql = render(f"{DATABASE}/mirror_table.sql.j2", **values)
     if sink.get("aggregate"):
         sql += "\n" + render(f"{DATABASE}/aggregate.sql.j2", **values)
     return sql
+
+
+def _roles_preamble(state: dict[str, Any]) -> str:
+    """The head of the migration that brings the role model (``templates/postgres/roles.sql.j2``): the roles, the
+    schemas and the hand-over of existing tables and trigger functions to the owner, then ``SET LOCAL ROLE``."""
+    internal = state["internal_schema"]
+    sinks = state["sinks"].values()
+    dynamic = (state.get("dynamic_tables") or {}).values()
+    schemas = dict.fromkeys([internal, *(s["schema"] for s in sinks), *(t["schema"] for t in dynamic)])
+    tables = [(internal, table) for table in names.INTERNAL_TABLES]
+    functions = [(internal, "count_dynamic_table_change")]
+    for sink in sinks:
+        tables += [(sink["schema"], sink["table"]), (internal, sink["stage_table"])]
+        if sink["tombstone_table"]:
+            tables.append((internal, sink["tombstone_table"]))
+        if sink.get("aggregate"):
+            tables.append((sink["schema"], sink["aggregate"]["table"]))
+            functions += [(internal, name) for name in sink["aggregate"]["functions"].values()]
+    tables += [(t["schema"], t["table"]) for t in dynamic]
+    return render(
+        f"{DATABASE}/roles.sql.j2", roles=state["roles"], schemas=list(schemas), tables=tables, functions=functions
+    )
+
+
+def _roles_what(state: dict[str, Any], *, existing: bool) -> list[str]:
+    owner, writer = quote_ident(state["roles"]["owner"]), quote_ident(state["roles"]["writer"])
+    lines = [
+        f"roles {owner} (owns every object; this file and the later ones run as it) and {writer} (what `cdcsync "
+        "run` needs: rows, no DDL), NOLOGIN, unless they exist; needs a role that may create roles (a DBA)"
+    ]
+    if existing:
+        lines.append(f"  existing tables and trigger functions handed to {owner}, their rows granted to {writer}")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -357,6 +407,7 @@ class PostgresTarget:
             "pipeline": pipeline.name,
             "internal_schema": names.INTERNAL_SCHEMA,
             "internal_version": INTERNAL_VERSION,
+            "roles": {"owner": names.OWNER_ROLE, "writer": names.WRITER_ROLE},
             "sinks": sinks,
         }
         tables = {
@@ -398,6 +449,10 @@ class PostgresTarget:
         changes.extend(sink_changes)
         destructive.extend(sink_destructive)
         _diff_dynamic_tables(old.get("dynamic_tables", {}), new.get("dynamic_tables", {}), changes, destructive)
+        if "roles" not in old:  # written before the role model: last, hand everything to the roles
+            changes.append(Change("grant_roles"))
+        elif old["roles"] != new["roles"]:
+            destructive.append(f"the roles changed from {old['roles']} to {new['roles']}")
         if not changes and old.get("sources") != new.get("sources"):
             changes.append(Change("record_sources"))  # e.g. a source feeding only ClickHouse sinks gained a column
         return changes, destructive
@@ -405,30 +460,51 @@ class PostgresTarget:
     def render_change(self, change: Change, pipeline_name: str, state: dict[str, Any]) -> tuple[str, list[str], str]:
         """(filename stem without number, human lines, body SQL) for one change; ``state`` is the state after it."""
         internal_schema = state["internal_schema"]
+        roles = state.get("roles")
+        if change.kind == "grant_roles":
+            body = _roles_preamble(state) + "\n" + render(f"{DATABASE}/grant_roles.sql.j2", state=state)
+            return "grant_roles", _roles_what(state, existing=True), body
+        stem, what, body = self._render_change(change, pipeline_name, state, internal_schema, roles)
+        if roles and change.kind == "init":
+            return stem, [*_roles_what(state, existing=False), *what], _roles_preamble(state) + "\n" + body
+        if roles and change.kind != "record_sources":
+            schemas = []
+            if change.kind == "add_sink":
+                schemas = [state["sinks"][change.sink_id]["schema"]]
+            elif change.kind == "add_dynamic_table":
+                schemas = [state["dynamic_tables"][change.sink_id]["schema"]]
+            return stem, what, render(f"{DATABASE}/as_owner.sql.j2", roles=roles, schemas=schemas) + "\n" + body
+        return stem, what, body
+
+    def _render_change(
+        self, change: Change, pipeline_name: str, state: dict[str, Any], internal_schema: str, roles: Any
+    ) -> tuple[str, list[str], str]:
         if change.kind == "init":
-            parts = [render(f"{DATABASE}/internal_schema.sql.j2", schema=internal_schema)]
+            parts = [render(f"{DATABASE}/internal_schema.sql.j2", schema=internal_schema, roles=roles)]
             what = [
                 f"schema {quote_ident(internal_schema)} with tables "
                 f"{quote_ident(names.SCHEMA_MIGRATIONS_TABLE)}, {quote_ident(names.BATCH_LEDGER_TABLE)}, "
                 f"{quote_ident(names.DEAD_LETTERS_TABLE)}, {quote_ident(names.TRUNCATIONS_TABLE)}, "
-                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, "
+                f"{quote_ident(names.SOURCE_POSITIONS_TABLE)}, {quote_ident(names.KEY_MOVES_TABLE)}, "
                 f"{quote_ident(names.DYNAMIC_TABLE_CHANGES_TABLE)}"
             ]
             for sink_id, sink in sorted(state["sinks"].items()):
-                parts.append(_render_sink(pipeline_name, sink_id, sink, internal_schema))
+                parts.append(_render_sink(pipeline_name, sink_id, sink, internal_schema, roles))
                 what.extend(_sink_what(sink_id, sink, internal_schema))
             for table_id, table in sorted(state.get("dynamic_tables", {}).items()):
-                parts.append(_render_dynamic_table(pipeline_name, table_id, table, internal_schema))
+                parts.append(_render_dynamic_table(pipeline_name, table_id, table, internal_schema, roles))
                 what.append(_dynamic_table_what(table_id, table))
             return "init", what, "\n".join(parts)
         if change.kind == "upgrade_internal":
             upgrades = [upgrade for upgrade in _INTERNAL_UPGRADES if upgrade[0] > change.from_version]
-            body = "\n".join(render(f"{DATABASE}/{template}", schema=internal_schema) for _, template, _, _ in upgrades)
+            body = "\n".join(
+                render(f"{DATABASE}/{template}", schema=internal_schema, roles=roles) for _, template, _, _ in upgrades
+            )
             what = [f"table {quote_qualified(internal_schema, table)}: {what}" for _, _, table, what in upgrades]
             return "upgrade_internal_tables", what, body
         if change.kind == "add_dynamic_table":
             table = state["dynamic_tables"][change.sink_id]
-            body = _render_dynamic_table(pipeline_name, change.sink_id, table, internal_schema)
+            body = _render_dynamic_table(pipeline_name, change.sink_id, table, internal_schema, roles)
             return f"add_dynamic_table_{slug(change.sink_id)}", [_dynamic_table_what(change.sink_id, table)], body
         if change.kind == "record_sources":
             what = [
@@ -452,6 +528,7 @@ class PostgresTarget:
                 "sink": sink,
                 "internal_schema": internal_schema,
                 "upgrade": list(change.aggregates),
+                "roles": roles,
             }
             body = render(f"{DATABASE}/aggregate.sql.j2", **values)
             return (
@@ -460,7 +537,7 @@ class PostgresTarget:
                 body,
             )
         if change.kind == "add_sink":
-            body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema)
+            body = _render_sink(pipeline_name, change.sink_id, sink, internal_schema, roles)
             return f"add_sink_{slug(change.sink_id)}", _sink_what(change.sink_id, sink, internal_schema), body
         columns = [{"name": name, "type": type_} for name, type_ in change.columns]
         body = render(f"{DATABASE}/add_columns.sql.j2", internal_schema=internal_schema, sink=sink, columns=columns)

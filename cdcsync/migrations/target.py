@@ -30,6 +30,7 @@ ChangeKind = Literal[
     "record_sources",
     "upgrade_aggregate",
     "upgrade_version",
+    "grant_roles",
 ]
 
 
@@ -54,6 +55,20 @@ class Applied:
 
     applied_at: datetime | None
     """When the ledger says so, if it keeps the time."""
+
+
+def column_problems(wanted: list[dict[str, str]], actual: dict[str, str]) -> list[str]:
+    """What a table's columns (name -> type, as its database shows them) lack of the ``wanted`` ones (``name``,
+    ``type``): the start-up checks of ``run`` say these. Extra columns are allowed (a DBA may add some)."""
+    problems = []
+    for column in wanted:
+        if column["name"] not in actual:
+            problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
+        elif actual[column["name"]] != column["type"]:
+            problems.append(
+                f"its column {column['name']} is {actual[column['name']]}, the pipeline needs {column['type']}"
+            )
+    return problems
 
 
 class Target(Protocol):

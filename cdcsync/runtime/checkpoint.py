@@ -125,7 +125,8 @@ def _ledger_ids(pipeline: Pipeline, source_id: str, dsn: str) -> dict[str, bool]
     is a routed table's sink (which starts with its table's first batch, not the source's)."""
     sinks = pipeline.sinks_of(source_id)
     ids = {sink_id: isinstance(sink, RoutedPostgresSink | RoutedClickHouseSink) for sink_id, sink in sinks.items()}
-    graph = SourceGraph.of(pipeline, source_id, {sink_id: sink.from_ for sink_id, sink in sinks.items()}, dsn)
+    inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in sinks.items()}
+    graph = SourceGraph.of(pipeline, source_id, inputs, dsn)
     if graph is not None:
         for table_id, table in graph.tables.items():
             if table_id in graph.fills and not table.in_memory:

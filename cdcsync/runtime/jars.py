@@ -20,6 +20,12 @@ KAFKA_VERSION = "4.1.2"
 # log4j 2 is what Kafka 4.1's own distribution logs with; the binding matches its slf4j-api 1.7.
 LOG4J_VERSION = "2.25.3"
 
+# Delta Lake's JVM side for ``type: delta`` sinks. The Python package (delta-spark 4.4.1) only wraps it; Maven
+# Central's newest release of the jars is 4.4.0, built against Spark 4.2.0 (its POM's `provided` Spark), which is
+# the pyspark cdcsync pins. delta-spark_2.13 brings delta-storage of the same version.
+DELTA_VERSION = "4.4.0"
+DELTA_COORDINATE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
+
 KAFKA_BROKER_COORDINATES = [
     f"org.apache.kafka:kafka_{SCALA_BINARY_VERSION}:{KAFKA_VERSION}",
     f"org.apache.logging.log4j:log4j-core:{LOG4J_VERSION}",
@@ -132,20 +138,22 @@ def spark_ivy_home(cache_dir: Path | None = None) -> Path:
 
 
 def spark_jars_conf(cache_dir: Path | None = None) -> dict[str, str]:
-    """Spark settings that put the Kafka connector, resolved ahead of time into the cdcsync cache, on the
-    classpath of the driver and the executors.
+    """Spark settings that put the Kafka connector and Delta Lake, resolved ahead of time into the cdcsync cache,
+    on the classpath of the driver and the executors.
 
     ``spark.jars`` with local paths rather than ``spark.jars.packages``: Spark would run Ivy again at every
     start (about a second on this 2-core machine, every ``cdcsync run``) only to find the same files; the driver
-    serves these jars to executors in other JVMs just the same.
+    serves these jars to executors in other JVMs just the same. Delta is always there: its two jars add nothing
+    measurable to a start (docs/delta.md), and one classpath for every pipeline keeps tests and runs alike.
     """
     return {"spark.jars": ",".join(str(path) for path in spark_kafka_jars(cache_dir))}
 
 
 def spark_kafka_jars(cache_dir: Path | None = None) -> list[Path]:
-    """Spark's Kafka connector and what it needs beyond pyspark's own jars, resolved (once) into the cdcsync cache."""
+    """Spark's Kafka connector and Delta Lake, with what they need beyond pyspark's own jars, resolved (once)
+    into the cdcsync cache."""
     return resolve(
-        [Artifact.parse(spark_kafka_connector_coordinate())],
+        [Artifact.parse(spark_kafka_connector_coordinate()), Artifact.parse(DELTA_COORDINATE)],
         sorted(shipped_exclusions(pyspark_jars_dir())),
         home=spark_ivy_home(cache_dir),
     )
@@ -200,9 +208,17 @@ def apicurio_registry_runner(cache_dir: Path | None = None) -> Path:
 
 
 def prefetch(*, with_debezium: bool = False) -> None:
-    """Resolve every artifact cdcsync needs into the cache now (``make`` runs this once), so later runs are offline."""
+    """Resolve every artifact cdcsync needs into the cache now (``make`` runs this once), so later runs are offline;
+    and build the class-data-sharing archive that makes Spark start faster (:mod:`cdcsync.runtime.cds`)."""
+    from cdcsync.runtime.cds import build_archive
+
+    def cds_archive() -> list[Path]:
+        archive = build_archive()
+        return [] if archive is None else [archive]
+
     wanted = [
-        ("spark kafka connector", spark_kafka_jars),
+        ("spark kafka connector + delta lake", spark_kafka_jars),
+        ("spark class-data-sharing archive", cds_archive),
         ("kafka broker", kafka_broker_jars),
         ("apicurio registry", lambda: [apicurio_registry_runner()]),
     ]

@@ -1,4 +1,5 @@
-"""The SparkSession cdcsync runs on: the Kafka connector on the classpath, UTC, quiet logs, small shuffles.
+"""The SparkSession cdcsync runs on: the Kafka connector and Delta Lake on the classpath, UTC, quiet logs, small
+shuffles.
 
 The connector is resolved with Ivy into the cdcsync cache before Spark starts and handed to Spark as local jars
 (:func:`cdcsync.runtime.jars.spark_jars_conf`), so after the first run (or ``make jars``) no network is needed
@@ -42,6 +43,17 @@ DEFAULT_SPARK_CONF: dict[str, str] = {
 }
 
 
+DELTA_SPARK_CONF: dict[str, str] = {
+    # Delta Lake's SQL (MERGE, DESCRIBE HISTORY, CREATE TABLE delta.`path`) and its catalog, for ``type: delta``
+    # sinks; its jars are on the classpath beside the Kafka connector (cdcsync.runtime.jars).
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta rebuilds a table's state from its log in this many tasks (default 50): small, like the shuffles above;
+    # a table of many thousands of files may want more (CDCSYNC__SPARK__CONF__...).
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+
+
 def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     """Start (or reuse) the SparkSession with the Kafka connector on the classpath."""
     try:
@@ -49,14 +61,19 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     except ImportError as error:  # pragma: no cover - pyspark is a hard dependency
         raise DependencyError("pyspark is not installed", hint="pip install cdcsync (it depends on pyspark)") from error
 
+    from cdcsync.runtime.cds import driver_java_options
     from cdcsync.runtime.jars import spark_jars_conf
 
     # Resolves into the cdcsync cache unless already there (then no Java is started): a connector that cannot be
     # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
-    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **settings.spark.conf}
-    java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}"
-    conf["spark.driver.extraJavaOptions"] = f"{java_options} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
+    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **DELTA_SPARK_CONF, **settings.spark.conf}
+    java_options = [
+        f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}",
+        driver_java_options(settings.spark.class_data_sharing),
+        conf.get("spark.driver.extraJavaOptions", ""),
+    ]
+    conf["spark.driver.extraJavaOptions"] = " ".join(option for option in java_options if option).strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", _current_python())
@@ -67,25 +84,51 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
 
 
 def _start_python_workers(spark: SparkSession) -> None:
-    """Start the executors' Python workers and import the decoder and sink modules in them now.
+    """Start the executors' Python workers, import the decoder and sink modules in them now, and check that they
+    run the driver's cdcsync.
 
     Workers are reused across tasks (``spark.python.worker.reuse``), so this moves their start-up (several
     seconds on a small machine: pyarrow, psycopg, the decoder) out of the first micro-batch, whose latency is the
-    one a restarted pipeline is judged by.
+    one a restarted pipeline is judged by. On a cluster the executors' cdcsync comes from their own hosts; one
+    that is missing or of another version would fail (or, worse, decode differently) in the first batch, so it
+    is refused here, before any batch runs.
     """
+    import cdcsync
+
     parallelism = spark.sparkContext.defaultParallelism
-    spark.range(0, parallelism, numPartitions=parallelism).mapInArrow(_import_executor_modules, "id long").collect()
+    try:
+        rows = (
+            spark.range(0, parallelism, numPartitions=parallelism)
+            .mapInArrow(_import_executor_modules, "version string")
+            .collect()
+        )
+    except Exception as error:  # a Py4J or PySpark error wrapping the executor's ImportError
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DependencyError(
+            f"the Spark executors ({spark.sparkContext.master}) could not import cdcsync: {first_line}",
+            hint=f"install cdcsync {cdcsync.__version__} on every executor host (the driver's image or venv), "
+            "or point spark.pyspark.python at an interpreter that has it",
+        ) from None
+    versions = sorted({row.version for row in rows})
+    if versions != [cdcsync.__version__]:
+        raise DependencyError(
+            f"the Spark executors run cdcsync {', '.join(versions)}, the driver {cdcsync.__version__}",
+            hint="install the same cdcsync version on the driver and every executor host",
+        )
 
 
 def _import_executor_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     # What the decode and staging tasks import lazily (the CLI's import path stays light).
     import psycopg  # noqa: F401
+    import pyarrow as pa
     import pyarrow.compute
-    import pyarrow.csv  # noqa: F401
+    import pyarrow.csv
 
-    import cdcsync.engine.batch  # noqa: F401
+    import cdcsync
+    import cdcsync.engine.batch
 
-    yield from batches
+    for batch in batches:
+        yield pa.RecordBatch.from_pydict({"version": [cdcsync.__version__] * batch.num_rows})
 
 
 def _current_python() -> str:

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cdcsync.config.pipeline import ClickHouseSink, Pipeline, PostgresAggregateSink
+from cdcsync.config.operators import OperatorSink, WebhookSink
+from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, Pipeline, PostgresAggregateSink
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.settings import Settings, redact_dsn
 from cdcsync.core.errors import ServiceError
+from cdcsync.db.http import shown_url
 from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.lock import LockHolder, lock_holder
 from cdcsync.sql.render import render
@@ -39,6 +42,8 @@ class SinkStatus:
     last_batch: int | None
     committed_at: datetime | None
     rows: int
+    version: int | None = None
+    """A Delta table's version (its newest commit); None for other targets."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,49 @@ class PipelineStatus:
     """Distinct (topic, message key) among the dead letters: targets whose rows for them may be stale."""
     running: LockHolder | None = None
     """The run holding the pipeline's lock, None when no run is streaming it."""
+
+    def to_json(self, pipeline: str) -> dict[str, Any]:
+        """The same facts as the tables ``cdcsync status`` prints, for scripts (``status --json``): times in ISO
+        8601 with their zone, absent values as null."""
+
+        def when(value: datetime | None) -> str | None:
+            return value.isoformat() if value is not None else None
+
+        holder = self.running
+        return {
+            "pipeline": pipeline,
+            "partitions": [
+                {
+                    "source": p.source,
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "processed_up_to": p.committed,
+                    "end_offset": p.end,
+                    "lag": p.lag,
+                }
+                for p in self.partitions
+            ],
+            "sinks": [
+                {
+                    "sink": s.sink,
+                    "target": s.target,
+                    "last_batch": s.last_batch,
+                    "committed_at": when(s.committed_at),
+                    "rows": s.rows,
+                }
+                for s in self.sinks
+            ],
+            "dead_letters": {"messages": self.dead_letters, "keys": self.dead_letter_keys},
+            "running": None
+            if holder is None
+            else {
+                "pid": holder.pid,
+                "host": holder.host,
+                "since": when(holder.since),
+                "backend_pid": holder.backend_pid,
+                "client_addr": holder.client_addr,
+            },
+        }
 
 
 def _end_offsets(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:
@@ -98,6 +146,12 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
                 if isinstance(sink, ClickHouseSink):
                     sinks.append(_clickhouse_status(conn, pipeline, settings, sink_id, sink))
                     continue
+                if isinstance(sink, OperatorSink | PluginSink):
+                    sinks.append(_operator_status(conn, pipeline.name, sink_id, sink))
+                    continue
+                if isinstance(sink, DeltaSink):
+                    sinks.append(_delta_status(conn, pipeline, sink_id, sink))
+                    continue
                 last = conn.execute(
                     render("postgres/runtime/ledger_last_batch.sql.j2"),
                     {"pipeline": pipeline.name, "sink": sink_id},
@@ -128,6 +182,27 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
     return PipelineStatus(partitions, sinks, messages, keys, running)
 
 
+def _delta_status(conn: Any, pipeline: Pipeline, sink_id: str, sink: DeltaSink) -> SinkStatus:
+    """Last batch from the Postgres ledger; version and live rows from the table's own log (no Spark started). A
+    catalog table, or one whose log is not on a local path, shows rows -1 and no version."""
+    from cdcsync.sinks.delta import table_summary
+
+    last = conn.execute(
+        render("postgres/runtime/ledger_last_batch.sql.j2"), {"pipeline": pipeline.name, "sink": sink_id}
+    ).fetchone()
+    summary = (
+        table_summary(sink.path) if sink.path is not None and "://" not in sink.path.removeprefix("file://") else None
+    )
+    return SinkStatus(
+        sink_id,
+        sink.target_name,
+        last[0] if last else None,
+        last[1] if last else None,
+        summary[1] if summary else -1,
+        summary[0] if summary else None,
+    )
+
+
 def _clickhouse_status(
     conn: Any, pipeline: Pipeline, settings: Settings, sink_id: str, sink: ClickHouseSink
 ) -> SinkStatus:
@@ -145,3 +220,12 @@ def _clickhouse_status(
     return SinkStatus(
         sink_id, f"{sink.database}.{sink.table}", last[0] if last else None, last[1] if last else None, rows
     )
+
+
+def _operator_status(conn: Any, pipeline: str, sink_id: str, sink: OperatorSink | PluginSink) -> SinkStatus:
+    """A sink without a table: its rows are the changes it handed on, as the ledger counted them."""
+    values = {"pipeline": pipeline, "sink": sink_id}
+    last = conn.execute(render("postgres/runtime/ledger_last_batch.sql.j2"), values).fetchone()
+    total = conn.execute(render("postgres/runtime/ledger_rows_total.sql.j2"), values).fetchone()
+    target = shown_url(sink.url) if isinstance(sink, WebhookSink) else sink.type
+    return SinkStatus(sink_id, target, last[0] if last else None, last[1] if last else None, int(total[0]))

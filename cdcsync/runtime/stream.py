@@ -28,15 +28,27 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from cdcsync.config.pipeline import ClickHouseSink, KafkaSource, Pipeline, SchemaLookup, SourceSchema, TopicSchemas
+from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
+from cdcsync.config.pipeline import (
+    ClickHouseSink,
+    DeltaSink,
+    KafkaSource,
+    Pipeline,
+    SchemaLookup,
+    SourceSchema,
+    TopicSchemas,
+)
+from cdcsync.config.plugins import PluginSink
 from cdcsync.config.routing import table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
@@ -46,8 +58,13 @@ from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
+from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.console import ConsoleTableSink
+from cdcsync.sinks.delta import DeltaTableSink
+from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask, TopicDecoders, spark_kafka_options
@@ -60,6 +77,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+_STALLED_S = 30.0
+"""``/healthz`` fails when the supervising loop has not gone round for this long."""
 _MAX_EVOLUTIONS_PER_BATCH = 20
 """Schema changes one batch may go through under ``schema_evolution: auto`` (each adds columns)."""
 _EVOLVE_LOCK = threading.Lock()
@@ -76,6 +95,7 @@ class SinkStats:
     rows_out: int = 0
     batches: int = 0
     skipped_batches: int = 0
+    merge_durations: Durations = field(default_factory=Durations)
 
 
 @dataclass
@@ -91,6 +111,8 @@ class SourceStats:
     last_batch_done_at: float | None = None
     waiting: str | None = None
     """What the batch in flight is retrying (a dependency that is away), while it does."""
+    durations: Durations = field(default_factory=Durations)
+    """Wall time of each batch the handler landed."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
 
 
@@ -103,6 +125,8 @@ class RunSnapshot:
     sinks: dict[str, SinkStats]
     sink_targets: dict[str, str]
     elapsed: float
+    sink_types: dict[str, str] = field(default_factory=dict)
+    """Sink id -> its YAML ``type`` (the metrics' ``operator_type``)."""
 
 
 class BatchHandler:
@@ -134,8 +158,12 @@ class BatchHandler:
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.spark_context = spark_context
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What every query's handler keeps while it runs: its figures, its failure, the stop protocol's state."""
         self.stats = SourceStats()
-        self.sink_stats = {sink_id: SinkStats() for sink_id in sinks}
+        self.sink_stats = {sink_id: SinkStats() for sink_id in self.sinks}
         self.failure: CdcsyncError | None = None
         self._lock = threading.Lock()
         self._stopping = False
@@ -282,9 +310,24 @@ class BatchHandler:
         evolved = merge(self.pipeline.source_schemas.get(change.source_id), seen)
         return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
+    def record(self, outcome: dict[str, SinkOutcome], batch_id: int) -> None:
+        """A landed batch in the figures the live view shows."""
+        for sink_id, result in outcome.items():
+            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
+            stats.batches += 1
+            stats.skipped_batches += int(result.skipped)
+            stats.rows_in += result.rows_staged
+            stats.rows_out += result.rows_merged
+            if not result.skipped:
+                stats.merge_durations.observe(result.merge_seconds)
+        self.stats.batches += 1
+        self.stats.last_batch_id = batch_id
+        self.stats.last_batch_done_at = time.monotonic()
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         if self.stats.first_batch_at is None:
-            self.stats.first_batch_at = time.monotonic()
+            self.stats.first_batch_at = started
         dead_letters = self.spark_context.accumulator(0)
         decode = self._decoder(dead_letters)
         evolutions = 0
@@ -300,16 +343,9 @@ class BatchHandler:
                     raise
                 self._evolve(change, batch_id)
                 decode = self._decoder(dead_letters)
-        for sink_id, result in outcome.items():
-            stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
-            stats.batches += 1
-            stats.skipped_batches += int(result.skipped)
-            stats.rows_in += result.rows_staged
-            stats.rows_out += result.rows_merged
-        self.stats.batches += 1
-        self.stats.last_batch_id = batch_id
         self.stats.dead_letters += int(dead_letters.value)
-        self.stats.last_batch_done_at = time.monotonic()
+        self.record(outcome, batch_id)
+        self.stats.durations.observe(time.monotonic() - started)
 
 
 class PipelineRunner:
@@ -329,29 +365,82 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._ledger_checked = False
+        self._heartbeat: float | None = None
+        """When the supervising loop last went round (None before the queries start)."""
+        self._stop_deadline: threading.Timer | None = None
 
     def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM (a pod's shutdown) finish the batch in flight and stop; past
+        ``run.stop_timeout_s`` (or at a second signal) the process exits 1 at once, leaving that batch
+        uncommitted for the next run, so a shutdown is bounded even when a batch waits on a dependency."""
+
         def on_signal(signum: int, _frame: Any) -> None:
-            log.warning("received %s: finishing the current batch, then stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                self._exit_now(f"received {name} again")
+            timeout = self.settings.run.stop_timeout_s
+            log.warning("received %s: finishing the current batch (at most %gs), then stopping", name, timeout)
             self._stop.set()
+            self._stop_deadline = threading.Timer(
+                timeout, self._exit_now, args=(f"the batch in flight did not finish within {timeout:g}s",)
+            )
+            self._stop_deadline.daemon = True
+            self._stop_deadline.start()
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
+    def _exit_now(self, why: str) -> None:
+        """End the process without waiting for Spark: nothing uncommitted is lost (the checkpoint replays it, the
+        ledgers skip what landed), and the pipeline's lock goes with the process's Postgres session."""
+        log.error(
+            "pipeline '%s': %s; exiting now without committing it (the next run replays it)", self.pipeline.name, why
+        )
+        for stream in (sys.stderr, sys.stdout):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    def health(self) -> Health:
+        """What ``/healthz`` answers (:mod:`cdcsync.runtime.metrics`)."""
+        now = time.monotonic()
+        handlers = list(self.handlers.items())  # a scrape's thread: the main thread may be adding queries
+        done = [h.stats.last_batch_done_at for _, h in handlers if h.stats.last_batch_done_at is not None]
+        age = now - max(done) if done else None
+        failed = [source_id for source_id, h in handlers if h.failure is not None]
+        max_age = self.settings.metrics.max_batch_age_s
+        if self._stop.is_set():
+            return Health(False, "stopping", age)
+        if failed:
+            return Health(False, f"a batch of source '{failed[0]}' failed", age)
+        if self._heartbeat is None:
+            return Health(False, "starting", age)
+        if not all(query.isActive for query in list(self.queries.values())):
+            return Health(False, "a query has ended", age)
+        if now - self._heartbeat > _STALLED_S:
+            return Health(False, f"the supervising loop has not run for {now - self._heartbeat:.0f}s", age)
+        if max_age is not None and (now - self._started if age is None else age) > max_age:
+            return Health(False, f"no batch landed in the last {max_age:g}s (metrics.max_batch_age_s)", age)
+        return Health(True, "streaming", age)
+
     def snapshot(self) -> RunSnapshot:
+        """Also read by the metrics server's thread, so it copies the handlers first (queries may be starting)."""
+        handlers = list(self.handlers.items())
         sinks: dict[str, SinkStats] = {}
-        for handler in self.handlers.values():
+        sink_targets: dict[str, str] = {}  # as each handler knows them now (schema_evolution: auto may add tables)
+        sink_types: dict[str, str] = {}
+        for _, handler in handlers:
             sinks.update(handler.sink_stats)
+            for sid, sink in list(handler.sinks.items()):
+                sink_targets[sid] = sink.target_name
+                sink_types[sid] = sink.sink.type
         return RunSnapshot(
             pipeline=self.pipeline.name,
-            sources={sid: h.stats for sid, h in self.handlers.items()},
+            sources={sid: h.stats for sid, h in handlers},
             sinks=sinks,
-            sink_targets={  # as each handler knows them now (schema_evolution: auto may have added tables)
-                sid: f"{s.database if isinstance(s, ClickHouseSink) else s.schema_}.{s.table}"
-                for handler in self.handlers.values()
-                for sid, s in handler.pipeline.sinks_of(handler.source_id).items()
-            },
+            sink_targets=sink_targets,
             elapsed=time.monotonic() - self._started,
+            sink_types=sink_types,
         )
 
     @contextlib.contextmanager
@@ -391,12 +480,20 @@ class PipelineRunner:
             self.check_ledger()
             for source_id, source in self.pipeline.streams().items():
                 self._start_query(spark, source_id, source)
+            for plugin_source in self.pipeline.plan.plugin_sources.values():
+                from cdcsync.runtime.plugin_sources import start_plugin_query
+
+                self.handlers[plugin_source.id], self.queries[plugin_source.id] = start_plugin_query(
+                    spark, self.pipeline, plugin_source, self.settings, self._check_lock, self.available_now
+                )
             try:
                 self._supervise(on_progress)
             finally:
                 for query in self.queries.values():
                     if query.isActive:
                         query.stop()
+                if self._stop_deadline is not None:
+                    self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()
         return self.snapshot()
 
@@ -412,11 +509,15 @@ class PipelineRunner:
     def _start_query(self, spark: SparkSession, source_id: str, source: KafkaSource) -> None:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        sinks = build_sinks(self.pipeline, source_id, self.settings)
+        for sink in sinks.values():
+            if isinstance(sink, DeltaTableSink):  # its table is read through Spark, so checked only now
+                sink.check_table(spark)
         handler = BatchHandler(
             self.pipeline,
             source_id,
             source,
-            build_sinks(self.pipeline, source_id, self.settings),
+            sinks,
             self.settings.postgres_dsn,
             checkpoint_dir,
             spark.sparkContext,
@@ -448,6 +549,7 @@ class PipelineRunner:
     def _supervise(self, on_progress: Callable[[RunSnapshot], None] | None) -> None:
         stopping = False
         while any(q.isActive for q in self.queries.values()):
+            self._heartbeat = time.monotonic()
             self._refresh_progress()
             if on_progress is not None:
                 on_progress(self.snapshot())
@@ -459,7 +561,7 @@ class PipelineRunner:
                     handler.request_stop()
                 for query in self.queries.values():
                     query.stop()
-            time.sleep(_POLL_SECONDS)
+            _await_any(self.queries.values(), _POLL_SECONDS)
         self._refresh_progress()
         if on_progress is not None:
             on_progress(self.snapshot())
@@ -489,6 +591,18 @@ class PipelineRunner:
                 raise ServiceError(f"source '{source_id}': streaming query failed: {message}")
 
 
+def _await_any(queries: Iterable[StreamingQuery], timeout_s: float) -> None:
+    """Wait up to ``timeout_s``, returning as soon as an active query ends: an ``--available-now`` run exits when
+    its last batch is done, not up to a poll interval later. A query that failed is reported by the caller."""
+    from pyspark.errors import StreamingQueryException
+
+    active = next((query for query in queries if query.isActive), None)
+    if active is None:
+        return
+    with contextlib.suppress(StreamingQueryException):
+        active.awaitTermination(cast(int, timeout_s))  # typed int, takes seconds as any number (pyspark 4)
+
+
 def retry_budget(settings: Settings | None) -> RetryBudget:
     """The budget ``CDCSYNC__RETRY__BUDGET_S`` sets (the default without settings)."""
     return RetryBudget() if settings is None else RetryBudget(seconds=settings.retry.budget_s)
@@ -497,20 +611,31 @@ def retry_budget(settings: Settings | None) -> RetryBudget:
 def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:
     """Driver side of every sink fed by ``source_id``."""
     sinks: dict[str, BatchSink] = {}
+    dsn = settings.postgres_dsn
     for sink_id, sink in pipeline.sinks_of(source_id).items():
         if isinstance(sink, ClickHouseSink):
-            sinks[sink_id] = ClickHouseTableSink(
-                pipeline, sink_id, sink, settings.postgres_dsn, settings.clickhouse_url
-            )
+            sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
+        elif isinstance(sink, DeltaSink):
+            sinks[sink_id] = DeltaTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, PrintSink | BlackholeSink):
+            sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
+        elif isinstance(sink, WebhookSink):
+            sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
+        elif isinstance(sink, PluginSink):
+            sinks[sink_id] = PluginTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         else:
-            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, settings.postgres_dsn)
+            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
     return sinks
 
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
     """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
-    sink_inputs = {sink_id: sink.from_ for sink_id, sink in pipeline.sinks_of(source_id).items()}
-    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn)
+    # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
+    # sink's own executor pass (cdcsync.transforms.plugins).
+    sinks = pipeline.sinks_of(source_id)
+    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in sinks.items()}
+    frames = any(isinstance(sink, DeltaSink) for sink in sinks.values())
+    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn, frames=frames)
 
 
 def evolved_lookup(recorded: SchemaLookup, changed_id: str, topic: str, schema: SourceSchema) -> SchemaLookup:

@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING, Any
 from cdcsync import migrations
 from cdcsync.config import clickhouse_types, toast
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
-from cdcsync.core.errors import MigrationError, SinkError
+from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
-from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations.clickhouse import sink_state, table_columns
-from cdcsync.sinks import tombstones
+from cdcsync.migrations.target import column_problems
+from cdcsync.sinks import clickhouse_moves, key_moves, tombstones
 from cdcsync.sinks.clickhouse_values import fit_temporal_columns
+from cdcsync.sinks.recorded import RecordedSink
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ class ClickHouseWriter:
     """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
     lone_sql: str = ""
     """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
+    moved_sql: tuple[str, str, str] = ("", "", "")
+    """``moved_values``, ``moved_rows`` and ``moved_correct.sql.j2``: key changes across tasks and batches
+    (:mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in ``append_only_mode: false``."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -92,6 +96,7 @@ class ClickHouseWriter:
 
         from cdcsync.sinks.postgres import newest_per_key
 
+        key_move_rows, table = key_moves.split(table)
         if table.num_rows == 0:
             return 0
         token = deduplication_token(self.token_prefix, table)  # from every row read, so it names the whole range
@@ -100,6 +105,7 @@ class ClickHouseWriter:
         if table.num_rows == 0:
             return 0
         moves = self._key_moves(table)
+        across = self._across_tasks(table, key_move_rows)
         table = newest_per_key(table, self.primary_key, self.toastable)
         table = fit_temporal_columns(table, self.columns, self.sink_label)
         doing = (
@@ -119,6 +125,7 @@ class ClickHouseWriter:
                 if table.num_rows == 0:
                     return 0
             table = self._fill_unchanged_values(client, table, moves)
+            table, carried, left = self._resolve_across_tasks(client, table, across)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
             may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
@@ -126,11 +133,89 @@ class ClickHouseWriter:
                 return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
             self._mark_other_partitions(client, rows.filter(may_move))
+            self._after_insert(client, table, across, carried, left, token)
         except Exception as error:
             raise _task_error(doing, error) from None
         finally:
             client.close()
         return rows.num_rows
+
+    def _across_tasks(self, table: pa.Table, key_move_rows: pa.Table) -> _AcrossTasks | None:
+        """What this task's part in key changes across tasks and batches needs from its uncollapsed changes."""
+        if not self.toastable or not self.moved_sql[0]:
+            return None
+        moved = clickhouse_moves.moved_deletes(key_move_rows, table, self.primary_key)
+        earlier = clickhouse_moves.values_before(
+            table, {m.old: m.version for m in moved}, self.primary_key, self.toastable
+        )
+        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
+        if not moved and not created:
+            return None
+        return _AcrossTasks(moved, earlier, created, table.schema)
+
+    def _resolve_across_tasks(
+        self, client: Any, table: pa.Table, across: _AcrossTasks | None
+    ) -> tuple[pa.Table, dict[tuple[Any, ...], dict[str, Any]], list[int]]:
+        """Moved deletes carry the old key's values; creates of new keys take them from delete rows already in
+        the table (:mod:`cdcsync.sinks.clickhouse_moves`). Returns the table, the carried values by old key and
+        the rows whose placeholders are still unresolved."""
+        if across is None:
+            return table, {}, []
+        binary = self.binary_columns
+        stored: dict[tuple[Any, ...], dict[str, Any]] = {}
+        lacking = [m.old for m in across.moved if len(across.earlier.get(m.old, {})) < len(self.toastable)]
+        if lacking:
+            rows = clickhouse_moves.stored_rows(client, self.stored_values_sql, lacking, binary)
+            stored = clickhouse_moves.live_values(rows, len(self.primary_key), across.schema, self.toastable)
+        table, carried = clickhouse_moves.carry_into_deletes(
+            table, across.moved, across.earlier, stored, self.primary_key
+        )
+        table, left = clickhouse_moves.fill_from_deletes(
+            client, self.moved_sql[0], table, across.created, self.primary_key, self.toastable, binary
+        )
+        return table, carried, left
+
+    def _after_insert(
+        self,
+        client: Any,
+        table: pa.Table,
+        across: _AcrossTasks | None,
+        carried: dict[tuple[Any, ...], dict[str, Any]],
+        left: list[int],
+        token: str,
+    ) -> None:
+        """Once this task's rows are in: creates that found no delete row look again (another task of the batch
+        may have inserted it meanwhile), and new keys that landed before this task's deletes are corrected."""
+        if across is None:
+            return
+        settings = _token_settings(f"{token}/moves")
+        if left:
+            unresolved = table.take(left)
+            filled, still = clickhouse_moves.fill_from_deletes(
+                client,
+                self.moved_sql[0],
+                unresolved,
+                across.created,
+                self.primary_key,
+                self.toastable,
+                self.binary_columns,
+            )
+            done = sorted(set(range(unresolved.num_rows)) - set(still))
+            if done:
+                rows = to_clickhouse_arrow(filled.take(done), self.columns)
+                client.insert_arrow(self.table, rows, database=self.database, settings=settings)
+        clickhouse_moves.correct_landed(
+            client,
+            self.moved_sql[1],
+            self.moved_sql[2],
+            across.moved,
+            carried,
+            across.schema,
+            self.primary_key,
+            self.toastable,
+            self.binary_columns,
+            settings,
+        )
 
     def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
         """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
@@ -150,32 +235,18 @@ class ClickHouseWriter:
         held = [pc.and_(placeholder_mask(table.column(name), value), creates) for name, value in self.toastable]
         if not pc.any(functools.reduce(pc.or_, held)).as_py():
             return {}
-        keys = list(zip(*(table.column(k).to_pylist() for k in self.primary_key), strict=True))
+        keys = clickhouse_moves.keys_of(table, self.primary_key)
         ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
-        names = [name for name, _ in self.toastable]
-        values = {name: table.column(name).to_pylist() for name in names}
-        unavailable = {name: placeholder_mask(table.column(name), value).to_pylist() for name, value in self.toastable}
+        unavailable = clickhouse_moves.unavailable(table, self.toastable)
         deleted_at = {versions[i]: keys[i] for i in range(len(keys)) if ops[i] == "d"}
-        deleted_keys = set(deleted_at.values())
-        changes_of: dict[tuple[Any, ...], list[int]] = {}
-        for i, key in enumerate(keys):
-            if ops[i] != "d" and key in deleted_keys:
-                changes_of.setdefault(key, []).append(i)
-        moves: dict[tuple[Any, ...], _KeyMove] = {}
+        pairs: dict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = {}
         for i, key in enumerate(keys):
             old = deleted_at.get(versions[i])
-            if ops[i] != "c" or old is None or old == key or not any(unavailable[n][i] for n in names):
-                continue
-            # The old key's values set earlier in this batch (the newest per column), before its delete.
-            earlier = sorted((versions[j], j) for j in changes_of.get(old, []))
-            known: dict[str, Any] = {}
-            for version, j in reversed(earlier):
-                if version < versions[i]:
-                    for name in names:
-                        if name not in known and not unavailable[name][j]:
-                            known[name] = values[name][j]
-            moves[key] = _KeyMove(old, known)
-        return moves
+            if ops[i] == "c" and old is not None and old != key and any(held[i] for held in unavailable.values()):
+                pairs[key] = (old, versions[i])
+        # The old key's values set earlier in this batch (the newest per column), before its delete.
+        known = clickhouse_moves.values_before(table, dict(pairs.values()), self.primary_key, self.toastable)
+        return {key: _KeyMove(old, known.get(old, {})) for key, (old, _) in pairs.items()}
 
     def _fill_unchanged_values(
         self, client: Any, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove] | None = None
@@ -231,6 +302,7 @@ class ClickHouseWriter:
                     values[index] = stored[source[key]][name]
             table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=column.type))
         return table
+
     def _stored(self, client: Any, rows: pa.Table) -> list[tuple[int, Any]]:
         """(position in ``rows``, newest version + 1) of the keys whose newest row is live."""
         keys = list(zip(*(rows.column(k).to_pylist() for k in self.primary_key), strict=True))
@@ -264,6 +336,18 @@ class ClickHouseWriter:
         versions = [int(v) for v in rows.column(clickhouse_types.VERSION_COLUMN).to_pylist()]
         parameters = {"keys": keys, "rows": [(*key, version) for key, version in zip(keys, versions, strict=True)]}
         client.raw_query(self.markers_sql, parameters=parameters)
+
+
+@dataclass(frozen=True)
+class _AcrossTasks:
+    """A task's key changes whose other half may be in another task or batch (:mod:`~.clickhouse_moves`)."""
+
+    moved: list[clickhouse_moves.MovedDelete]
+    earlier: dict[tuple[Any, ...], dict[str, Any]]
+    """The moved deletes' old keys' values set by earlier changes in the task."""
+    created: dict[tuple[Any, ...], int]
+    """New keys created holding a placeholder, with the create's version."""
+    schema: pa.Schema
 
 
 @dataclass(frozen=True)
@@ -317,7 +401,7 @@ def to_clickhouse_arrow(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names)
 
 
-class ClickHouseTableSink(LedgeredSink):
+class ClickHouseTableSink(RecordedSink):
     """Driver side of one ``type: clickhouse`` sink; the same protocol as the Postgres sinks' driver side."""
 
     def __init__(self, pipeline: Pipeline, sink_id: str, sink: ClickHouseSink, dsn: str, clickhouse_url: str) -> None:
@@ -363,26 +447,27 @@ class ClickHouseTableSink(LedgeredSink):
                 primary_key=self.primary_key,
                 key_types=self.key_types,
             )
+        self._moved_sql = ("", "", "")
+        if self.toastable and sink.append_only_mode:
+            values = {
+                "target": (sink.database, sink.table),
+                "columns": tuple(self.toastable),
+                "primary_key": self.primary_key,
+                "key_types": self.key_types,
+            }
+            self._moved_sql = (
+                render("clickhouse/runtime/moved_values.sql.j2", **values),
+                render("clickhouse/runtime/moved_rows.sql.j2", **values),
+                render(
+                    "clickhouse/runtime/moved_correct.sql.j2",
+                    **{**values, "columns": self.columns, "toastable": tuple(self.toastable)},
+                ),
+            )
         self._rows_staged = 0
 
     @property
     def target_name(self) -> str:
         return f"{self.sink.database}.{self.sink.table}"
-
-    def prepare(self, ledger_key: dict[str, Any]) -> bool:
-        """False when the Postgres ledger already holds this batch with the same offset ranges (it landed before)."""
-        import psycopg
-
-        from cdcsync.db.retry import classify_postgres_error
-
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return not self.landed(conn, ledger_key)
-        except psycopg.Error as error:
-            raise SinkError(
-                f"preparing batch {ledger_key['batch_id']}: {first_line(error)}",
-                retriable=classify_postgres_error(error),
-            ).add_context(self.label) from None
 
     def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> ClickHouseWriter:
         return ClickHouseWriter(
@@ -403,25 +488,8 @@ class ClickHouseTableSink(LedgeredSink):
             stored_values_sql=self._stored_values_sql,
             binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
             lone_sql=self._lone_sql,
+            moved_sql=self._moved_sql,
         )
-
-    def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
-        """Record the batch (its inserts are done) in the ledger; None if another attempt recorded it first."""
-        import psycopg
-
-        from cdcsync.db.retry import classify_postgres_error
-
-        try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
-                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
-                    return None
-                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_staged})
-        except psycopg.Error as error:
-            raise SinkError(
-                f"recording batch {ledger_key['batch_id']} in the ledger: {first_line(error)}",
-                retriable=classify_postgres_error(error),
-            ).add_context(self.label) from None
-        return rows_staged
 
     # -- startup check ----------------------------------------------------------------------------------------
     def check_table(self, client: Any) -> None:
@@ -464,14 +532,7 @@ def check_table(client: Any, sink_id: str, state: dict[str, Any]) -> None:
     if actual_key != list(state["primary_key"]):
         wanted = ", ".join(state["primary_key"])
         problems.append(f"it is ORDER BY ({', '.join(actual_key)}), the pipeline's primary key is ({wanted})")
-    actual = {str(name): str(type_) for name, type_ in columns}
-    for column in table_columns(state):
-        if column["name"] not in actual:
-            problems.append(f"it has no column {column['name']} (the pipeline needs {column['type']})")
-        elif actual[column["name"]] != column["type"]:
-            problems.append(
-                f"its column {column['name']} is {actual[column['name']]}, the pipeline needs {column['type']}"
-            )
+    problems += column_problems(table_columns(state), {str(name): str(type_) for name, type_ in columns})
     if problems:
         raise MigrationError(f"{where} does not match the pipeline: " + "; ".join(problems), hint=hint)
 

@@ -34,7 +34,7 @@ from cdcsync.core.errors import SinkError, SourceWentBack
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.sinks import tombstones
+from cdcsync.sinks import key_moves, tombstones
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -61,8 +61,8 @@ class StageWriter:
     sink_label: str
     toastable: tuple[tuple[str, Placeholder], ...] = ()
     """(column, the value Debezium's unavailable-value placeholder decodes to in it): see :func:`newest_per_key`."""
-    mark_moves: bool = False
-    """Also stage :func:`move_markers` (a hard-delete sink with such columns)."""
+    key_moves: bool = False
+    """Also stage the key-move rows (:mod:`cdcsync.sinks.key_moves`): the sink has such columns."""
     lone_sql: tuple[str, ...] = ()
     """Create, COPY, select: the stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
 
@@ -73,10 +73,10 @@ class StageWriter:
 
         if table.num_rows == 0:
             return 0
-        markers = move_markers(table) if self.mark_moves else None
+        moves, table = key_moves.split(table)
         table = newest_per_key(table, self.primary_key, self.toastable, keep_key_moves=True)
-        if markers is not None and markers.num_rows:
-            table = pa.concat_tables([table, markers.select(table.column_names)])
+        if self.key_moves and moves.num_rows:
+            table = pa.concat_tables([table, moves.select(table.column_names)])
         try:
             with psycopg.connect(self.dsn) as conn:
                 lone = tombstones.lone(table)
@@ -162,32 +162,6 @@ def newest_per_key(
     return table.filter(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
 
 
-def move_markers(table: pa.Table) -> pa.Table:
-    """Deletes of ``table`` (one task's partition range) that may be a key change whose create comes only in the
-    next batch, as rows of op ``m``: those among the last three offsets of their partition (Debezium writes the
-    delete, its tombstone, then the create of the new key) with no create at their version in the range."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # A tombstone (a delete without a version, see cdcsync.sinks.tombstones) is never half of a key change.
-    versioned = pc.is_valid(table.column("_cdc_version"))
-    deleted = pc.fill_null(pc.and_(pc.equal(table.column("_cdc_op"), "d"), versioned), False)
-    if "_cdc_offset" not in table.column_names or not pc.any(deleted).as_py():
-        return table.slice(0, 0)
-    last = {
-        row["_cdc_partition"]: row["_cdc_offset_max"]
-        for row in table.group_by("_cdc_partition").aggregate([("_cdc_offset", "max")]).to_pylist()
-    }
-    ends = pa.array([last[p] for p in table.column("_cdc_partition").to_pylist()], type=pa.int64())
-    tail = pc.greater_equal(table.column("_cdc_offset"), pc.subtract(ends, 2))
-    creates = table.filter(pc.equal(table.column("_cdc_op"), "c")).column("_cdc_version")
-    paired = pc.is_in(table.column("_cdc_version"), value_set=creates.combine_chunks())
-    marked = table.filter(pc.and_(pc.and_(deleted, tail), pc.invert(paired)))
-    return marked.set_column(
-        marked.schema.get_field_index("_cdc_op"), "_cdc_op", pa.array(["m"] * marked.num_rows, type=pa.string())
-    )
-
-
 def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:
     """Which values of ``column`` are Debezium's placeholder (never null)."""
     import pyarrow as pa
@@ -257,8 +231,6 @@ class PostgresUpsertSink(LedgeredSink):
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
         self.toastable = toast.toastable({name: columns[name] for name in self.value_columns})
         """Value columns that may hold Debezium's placeholder, by how it is compared (:mod:`cdcsync.config.toast`)."""
-        self.retains_moves = bool(self.toastable) and sink.delete_mode == "hard"
-        """Whether the values of deletes that may be a key change's are kept for the next batch (key_moves.sql.j2)."""
         stage_table, tombstone_table = internal_tables(pipeline.name, sink_id, sink)
         stage = (names.INTERNAL_SCHEMA, stage_table)
         target = (sink.schema_, sink.table)
@@ -270,39 +242,25 @@ class PostgresUpsertSink(LedgeredSink):
             "primary_key": self.primary_key,
             "value_columns": self.value_columns,
             "toastable": self.toastable,
-            "retain_moves": self.retains_moves,
+            "toast_types": {name: columns[name].sql for name in self.toastable},
+            "internal_schema": names.INTERNAL_SCHEMA,
+            "pipeline": pipeline.name,
+            "sink_id": sink_id,
+            "delete_mode": sink.delete_mode,
+            "on_truncate": sink.on_truncate,
             **toast.TEMPLATE_VALUES,
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
-        self._end_sql = _split_statements(
-            render("postgres/runtime/stage_retain.sql.j2", **template_values)
-            if self.retains_moves
-            else self._truncate_sql
-        )
-        self._lone_sql = tuple(
-            _split_statements(
-                render("postgres/runtime/lone_tombstones.sql.j2", **template_values, delete_mode=sink.delete_mode)
-            )
-        )
+        self._end_sql = _split_statements(self._truncate_sql)
+        self._lone_sql = tuple(_split_statements(render("postgres/runtime/lone_tombstones.sql.j2", **template_values)))
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
-        truncate_values = {
-            "internal_schema": names.INTERNAL_SCHEMA,
-            "pipeline": pipeline.name,
-            "sink_id": sink_id,
-            "delete_mode": sink.delete_mode,
-            "on_truncate": sink.on_truncate,
-        }
-        self._position_check_sql = render(
-            "postgres/runtime/position_check.sql.j2", **template_values, **truncate_values
-        )
-        self._position_record_sql = render(
-            "postgres/runtime/position_record.sql.j2", **template_values, **truncate_values
-        )
+        self._position_check_sql = render("postgres/runtime/position_check.sql.j2", **template_values)
+        self._position_record_sql = render("postgres/runtime/position_record.sql.j2", **template_values)
         self._merge_statements = _split_statements(
-            render("postgres/runtime/apply_truncate.sql.j2", **template_values, **truncate_values)
+            render("postgres/runtime/apply_truncate.sql.j2", **template_values)
         ) + _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
 
     @property
@@ -332,7 +290,7 @@ class PostgresUpsertSink(LedgeredSink):
             batch_id=batch_id,
             sink_label=self.label,
             toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
-            mark_moves=self.retains_moves,
+            key_moves=bool(self.toastable),
             lone_sql=self._lone_sql,
         )
 

@@ -22,21 +22,35 @@ from cdcsync.core.errors import ServiceError
 from cdcsync.core.reports import Kind, Report, ReportedFailure, first_to_raise, new_topic
 from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.sources.debezium.dispatch import decode_batches
-from cdcsync.sources.debezium.envelope import CDC_COLUMNS
+from cdcsync.sources.debezium.envelope import CDC_COLUMNS, NEW_KEY_COLUMN, NEW_KEY_HEADER
 from cdcsync.sources.debezium.spec import DecodeSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import Accumulator
+    from pyspark.sql import DataFrame
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
 DECODER_INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
-"""Only these cross into Python: converting Kafka's headers (an array of structs) to Arrow costs more than
-decoding the JSON itself, and the JSON envelope carries everything the decoder needs."""
+"""Only these cross into Python, plus one header (:func:`decoder_input`): converting Kafka's headers (an array of
+structs) to Arrow costs more than decoding the JSON itself, and the JSON envelope carries nearly everything."""
 
 
 FETCH_DEFAULTS = {"kafka.max.partition.fetch.bytes": str(8 << 20), "kafka.fetch.max.bytes": str(64 << 20)}
 """Larger fetches than the consumer's 1 MiB per partition: catching up is the common case, and it reads faster."""
+
+
+def decoder_input(raw: DataFrame) -> DataFrame:
+    """The Kafka rows as the decoder reads them: :data:`DECODER_INPUT_COLUMNS` and, picked out of the headers by
+    Spark, the new key of a primary-key change (``__debezium.newkey``, a binary column that is null on nearly
+    every row; see :mod:`cdcsync.sinks.key_moves`)."""
+    from pyspark.sql import functions as F
+
+    columns = [F.col(name) for name in DECODER_INPUT_COLUMNS]
+    if "headers" in raw.columns:
+        named = F.filter("headers", lambda header: header["key"] == F.lit(NEW_KEY_HEADER))
+        columns.append(F.get(named, 0)["value"].alias(NEW_KEY_COLUMN))
+    return raw.select(*columns)
 
 
 def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:

@@ -147,8 +147,8 @@ def comment_text(value: object) -> str:
     return "".join(out)
 
 
-def ch_quote_ident(name: object) -> str:
-    """Quote a ClickHouse identifier with backticks; ``\\`` and ````` are escaped with a backslash."""
+def _identifier(name: object) -> str:
+    """``name`` checked to be a usable identifier (a non-empty string without NUL)."""
     _require_defined(name)
     if not isinstance(name, str):
         raise TypeError(f"an identifier must be a string, got {type(name).__name__}")
@@ -156,7 +156,12 @@ def ch_quote_ident(name: object) -> str:
         raise ConfigError("an empty identifier cannot be used in SQL")
     if "\x00" in name:
         raise ConfigError(f"identifier {name!r} contains a NUL character")
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+    return name
+
+
+def ch_quote_ident(name: object) -> str:
+    """Quote a ClickHouse identifier with backticks; ``\\`` and ````` are escaped with a backslash."""
+    return "`" + _identifier(name).replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 def ch_quote_qualified(database: object, name: object) -> str:
@@ -187,6 +192,25 @@ def ch_setting_value(value: object) -> str:
     return ch_quote_literal(str(value))
 
 
+def spark_quote_ident(name: object) -> str:
+    """Quote a Spark SQL identifier with backticks, embedded backticks doubled."""
+    return "`" + _identifier(name).replace("`", "``") + "`"
+
+
+def spark_quote_columns(names: Iterable[object]) -> str:
+    """A list of Spark SQL column names, each quoted, joined with ``, ``."""
+    return _quote_list(names, spark_quote_ident, "spark_columns")
+
+
+def delta_table_ref(location: dict[str, Any]) -> str:
+    """A Delta table as Spark SQL names it: ``delta.`<path>``` for ``{"path": ...}``, the quoted parts of a catalog
+    name for ``{"table": "db.name"}``."""
+    _require_defined(location)
+    if location.get("path") is not None:
+        return "delta." + spark_quote_ident(str(location["path"]))
+    return ".".join(spark_quote_ident(part) for part in str(location["table"]).split("."))
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The shared Jinja environment (cached): strict about undefined values, no HTML autoescaping."""
@@ -210,6 +234,10 @@ def environment() -> jinja2.Environment:
     env.filters["ch_columns"] = ch_quote_columns
     env.filters["ch_literal"] = ch_quote_literal
     env.filters["ch_value"] = ch_setting_value
+    env.filters["spark_ident"] = spark_quote_ident
+    env.filters["spark_columns"] = spark_quote_columns
+    env.filters["spark_literal"] = ch_quote_literal  # Spark SQL's string literals escape like ClickHouse's
+    env.filters["delta_table"] = delta_table_ref
     return env
 
 

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from tests.conftest import DebeziumSource
@@ -145,12 +144,14 @@ def rendered(schema: str, interval_mode: str, decimal_mode: str) -> sql.Composab
     return sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(columns), sql.Identifier(schema, TABLE))
 
 
-def differences(source_dsn: str, mirror_dsn: str, modes: dict[str, str]) -> tuple[list[Any], list[Any]]:
+def differences(
+    source_dsn: str, mirror_dsn: str, modes: dict[str, str], schema: str = "app"
+) -> tuple[list[Any], list[Any]]:
     interval_mode = modes.get("interval.handling.mode", "numeric")
     decimal_mode = modes.get("decimal.handling.mode", "precise")
     with psycopg.connect(mirror_dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
-        mirror = conn.execute(rendered("app", interval_mode, decimal_mode)).fetchall()
+        mirror = conn.execute(rendered(schema, interval_mode, decimal_mode)).fetchall()
     width = len(EDGES) + 2
     with psycopg.connect(source_dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
@@ -185,8 +186,9 @@ def describe(missing: list[Any], extra: list[Any], labels: dict[int, str]) -> st
     return "\n".join(lines)
 
 
-def publish(source: DebeziumSource, value_format: str, modes: dict[str, str]) -> dict[int, str]:
-    """Creates and fills the table around the connector's start; returns what each row holds, for messages."""
+def publish(source: DebeziumSource, modes: dict[str, tuple[str, dict[str, str]]]) -> dict[int, str]:
+    """Creates and fills the table around the start of the connectors (one per entry of ``modes``: value format
+    and connector settings, named by the key); returns what each row holds, for messages."""
     ddl = sql.SQL(", ").join(sql.SQL("{} " + t).format(sql.Identifier(n)) for n, (t, _) in EDGES.items())
     rows = [(name, value) for name, (_, values) in EDGES.items() for value in values]
     labels = {key: f"{name} = {value[:40]!r}" for key, (name, value) in enumerate(rows, start=1)}
@@ -210,7 +212,13 @@ def publish(source: DebeziumSource, value_format: str, modes: dict[str, str]) ->
         half = len(rows) // 2
         for key in range(1, half + 1):  # published as snapshot reads
             insert(conn, key)
-        source.capture(f"public.{TABLE}", overrides={"skipped.operations": "none", **modes}, value_format=value_format)
+        for mode, (value_format, overrides) in modes.items():
+            source.capture(
+                f"public.{TABLE}",
+                overrides={"skipped.operations": "none", **overrides},
+                value_format=value_format,
+                connector=mode,
+            )
         for key in range(half + 1, len(rows) + 1):
             insert(conn, key)
         for key, (name, _) in enumerate(rows, start=1):  # an update to another edge value of the column
@@ -240,56 +248,49 @@ def publish(source: DebeziumSource, value_format: str, modes: dict[str, str]) ->
     return labels
 
 
-@pytest.mark.parametrize(
-    ("value_format", "modes"),
-    [
-        pytest.param("json", {}, id="json-precise-adaptive-numeric"),
-        pytest.param(
-            "json", {"decimal.handling.mode": "string", "interval.handling.mode": "string"}, id="json-string-string"
-        ),
-        pytest.param(
-            "json",
-            {
-                "decimal.handling.mode": "string",
-                "interval.handling.mode": "string",
-                "key.converter.schemas.enable": "false",
-                "value.converter.schemas.enable": "false",
-            },
-            id="json-bare-string-string",
-        ),
-        pytest.param("avro", {}, id="avro-precise-adaptive-numeric"),
-        pytest.param("avro", {"interval.handling.mode": "string"}, id="avro-precise-adaptive-string"),
-    ],
-)
+MODES: dict[str, tuple[str, dict[str, str]]] = {
+    "json_precise_adaptive_numeric": ("json", {}),
+    "json_string_string": ("json", {"decimal.handling.mode": "string", "interval.handling.mode": "string"}),
+    "json_bare_string_string": (
+        "json",
+        {
+            "decimal.handling.mode": "string",
+            "interval.handling.mode": "string",
+            "key.converter.schemas.enable": "false",
+            "value.converter.schemas.enable": "false",
+        },
+    ),
+    "avro_precise_adaptive_numeric": ("avro", {}),
+    "avro_precise_adaptive_string": ("avro", {"interval.handling.mode": "string"}),
+}
+"""Connector modes (value format, connector settings), each captured by a connector of its own from the same
+source table and changes, and mirrored by one ``cdcsync run`` into a schema of its own."""
+
+
 def test_every_edge_value_lands_exactly(
     make_project: Callable[[dict[str, Any]], Project],
     postgres_dsn: str,
     schema_registry_url: str,
     debezium_source: DebeziumSource,
-    value_format: str,
-    modes: dict[str, str],
 ) -> None:
-    labels = publish(debezium_source, value_format, modes)
+    labels = publish(debezium_source, MODES)
     columns = {"id": "bigint", **{name: pg_type for name, (pg_type, _) in EDGES.items()}, BIG_DOC: "jsonb"}
-    project = make_project(
-        {
-            "name": "edges",
-            "sources": {
-                TABLE: {
-                    "type": "kafka",
-                    "topic": debezium_source.topic(f"public.{TABLE}"),
-                    "format": value_format,
-                    "primary_key": "id",
-                    "columns": columns,
-                    "on_decode_error": "fail",
-                    "untoasted_columns": ["reals", "decs"],  # small arrays Debezium has no TOAST placeholder for
-                }
-            },
-            "sinks": {"mirror": {"type": "postgres", "from": TABLE, "schema": "app", "table": TABLE}},
+    sources, sinks = {}, {}
+    for mode, (value_format, _) in MODES.items():
+        sources[mode] = {
+            "type": "kafka",
+            "topic": debezium_source.topic(f"public.{TABLE}", mode),
+            "format": value_format,
+            "primary_key": "id",
+            "columns": columns,
+            "on_decode_error": "fail",
+            "untoasted_columns": ["reals", "decs"],  # small arrays Debezium has no TOAST placeholder for
         }
-    )
+        sinks[f"mirror_{mode}"] = {"type": "postgres", "from": mode, "schema": mode, "table": TABLE}
+    project = make_project({"name": "edges", "sources": sources, "sinks": sinks})
     project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = schema_registry_url
     project.prepare()
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    missing, extra = differences(debezium_source.dsn, postgres_dsn, modes)
-    assert not missing and not extra, describe(missing, extra, labels)
+    for mode, (_, overrides) in MODES.items():
+        missing, extra = differences(debezium_source.dsn, postgres_dsn, overrides, schema=mode)
+        assert not missing and not extra, f"{mode}: {describe(missing, extra, labels)}"

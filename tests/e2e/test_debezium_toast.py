@@ -2,13 +2,14 @@
 
 A table of large values (text, jsonb, text[], uuid[], bigint[], hstore: each stored out of line, so an update that leaves
 it alone reaches Kafka as Debezium's placeholder of its type) gets updates of a small column only and primary-key
-changes that leave the large values untouched. One ``cdcsync run --available-now`` lands it in a Postgres mirror,
-through a SQL transform (filtering on the small column, declared ``untoasted_columns``) into a second mirror, and
-into ClickHouse; each must equal the source. The topic is read back first, to prove every placeholder was sent.
+changes that leave the large values untouched. One ``cdcsync run --available-now`` lands it in a hard-delete
+Postgres mirror, through a SQL transform (filtering on the small column, declared ``untoasted_columns``) into a
+second mirror, and into ClickHouse; each must equal the source. The topic is read back first, to prove every
+placeholder was sent.
 
-The topic has one partition, so that a key change's delete and create are read by the same task: ClickHouse sinks
-pair them only there (docs/clickhouse.md); Postgres sinks pair them across partitions too (tested in
-tests/integration/test_postgres_sink.py).
+The topic has four partitions and the run reads eight messages per micro-batch, so a key change's delete (old key)
+and create (new key) land in different partitions and different micro-batches, in either order: the test checks
+from the topic and the batch ledger that this happened (cdcsync.sinks.key_moves).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from cdcsync.config.toast import PLACEHOLDER_UUID
 from cdcsync.config.types import hstore_text
 from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project
-from tests.e2e.test_debezium_types import changed_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +34,7 @@ TABLE = "docs"
 LARGE = {"body": "text", "doc": "jsonb", "tags": "text[]", "uids": "uuid[]", "nums": "bigint[]", "attrs": "hstore"}
 COLUMNS = {"id": "bigint", "title": "text", **LARGE}
 PLACEHOLDER = "__debezium_unavailable_value"
+PARTITIONS = 4
 PLACEHOLDERS: dict[str, Any] = {
     "body": PLACEHOLDER,
     "doc": PLACEHOLDER,
@@ -62,7 +63,7 @@ def workload(dsn: str) -> None:
     rng = random.Random(12)
     with psycopg.connect(dsn, autocommit=True) as conn:
         insert = sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s::hstore)").format(sql.Identifier(TABLE))
-        for key in range(1, 7):
+        for key in range(1, 10):
             conn.execute(insert, [key, f"t{key}", *large_values(rng)])
         title = sql.SQL("UPDATE {} SET title = %s WHERE id = %s").format(sql.Identifier(TABLE))
         move = sql.SQL("UPDATE {} SET id = %s, title = %s WHERE id = %s").format(sql.Identifier(TABLE))
@@ -75,14 +76,64 @@ def workload(dsn: str) -> None:
             conn.execute(title, ("moved, then renamed", 11))
         conn.execute(sql.SQL("UPDATE {} SET body = 'small now' WHERE id = 5").format(sql.Identifier(TABLE)))
         conn.execute(title, ("after body", 5))
+        # More key changes, so that some delete and create hash to different partitions; 7's large body changes
+        # just before its key does (the new key must get the new body, whatever is merged first).
+        body = sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE))
+        conn.execute(body, (rng.randbytes(5000).hex(), 7))
+        for old, new in ((7, 21), (8, 22), (9, 23), (21, 31)):
+            conn.execute(move, (new, "moved", old))
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    (future,) = admin.create_topics([NewTopic(topic, 1, 1)]).values()
+    (future,) = admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values()
     future.result(timeout=30)
+
+
+def topic_messages(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every message of the topic (JSON with schemas): partition, offset, the key's id, the payload (None for a
+    tombstone) and the headers."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"toast-{uuid.uuid4().hex[:8]}"})
+    messages: list[dict[str, Any]] = []
+    try:
+        for partition in range(PARTITIONS):
+            end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            while len([m for m in messages if m["partition"] == partition]) < end:
+                message = consumer.poll(10)
+                assert message is not None and message.error() is None, "the topic could not be read back"
+                value = unwrapped(message.value()) if message.value() else None
+                messages.append(
+                    {
+                        "partition": partition,
+                        "offset": message.offset(),
+                        "id": unwrapped(message.key())["id"],
+                        "payload": value,
+                        "headers": dict(message.headers() or []),
+                    }
+                )
+    finally:
+        consumer.close()
+    return messages
+
+
+def unwrapped(raw: bytes | None) -> Any:
+    """A JsonConverter document's payload, with or without its schema."""
+    document = json.loads(raw or b"null")
+    return document["payload"] if isinstance(document, dict) and "schema" in document else document
+
+
+def batch_of(ranges: list[tuple[Any, ...]], topic: str, partition: int, offset: int) -> int:
+    """The batch (from the ledger's offset ranges) that read a message."""
+    for batch_id, offsets in ranges:
+        start, end = offsets[topic][str(partition)] if str(partition) in offsets.get(topic, {}) else (0, 0)
+        if (start or 0) <= offset < end:
+            return int(batch_id)
+    raise AssertionError(f"no batch read {topic}-{partition}@{offset}")
 
 
 def source_rows(dsn: str) -> dict[int, dict[str, Any]]:
@@ -140,17 +191,33 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
     debezium_source.capture(f"public.{TABLE}")
     workload(debezium_source.dsn)
     debezium_source.wait_caught_up()
+    messages = topic_messages(kafka_bootstrap, topic)
     sent = {
         name
-        for row in changed_rows(kafka_bootstrap, topic, None)
+        for message in messages
+        if message["payload"] and message["payload"]["after"]
         for name, placeholder in PLACEHOLDERS.items()
-        if row.get(name) == placeholder
+        if message["payload"]["after"].get(name) == placeholder
     }
     assert sent == set(LARGE), "every large column must have reached Kafka as a placeholder at least once"
+    # Key changes: the delete of the old key (header __debezium.newkey) and the create of the new one.
+    creates = {
+        (m["id"], m["payload"]["source"]["lsn"]): m
+        for m in messages
+        if m["payload"] and m["payload"]["op"] == "c" and "__debezium.oldkey" in m["headers"]
+    }
+    moves = [
+        (m, creates[(unwrapped(m["headers"]["__debezium.newkey"])["id"], m["payload"]["source"]["lsn"])])
+        for m in messages
+        if m["payload"] and m["payload"]["op"] == "d" and "__debezium.newkey" in m["headers"]
+    ]
+    assert len(moves) == 6
+    assert any(delete["partition"] != create["partition"] for delete, create in moves), "keys that hash apart"
 
+    name = f"toast_{uuid.uuid4().hex[:8]}"  # ClickHouse's migration ledger is shared by the session
     project: Project = make_project(
         {
-            "name": f"toast_{uuid.uuid4().hex[:8]}",  # ClickHouse's migration ledger is shared by the session
+            "name": name,
             "sources": {
                 TABLE: {
                     "type": "kafka",
@@ -159,6 +226,7 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
                     "columns": COLUMNS,
                     "on_decode_error": "fail",
                     "untoasted_columns": ["title"],  # so the transform may filter on it
+                    "max_offsets_per_trigger": 8,  # small batches: a key change's halves in different ones
                 }
             },
             "transforms": {
@@ -175,8 +243,20 @@ def test_toasted_values_follow_updates_and_key_changes_into_every_sink(
     project.prepare()
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
 
+    with psycopg.connect(postgres_dsn) as conn:
+        ranges = conn.execute(
+            "SELECT batch_id, offsets FROM cdcsync.batch_ledger WHERE pipeline = %s AND sink = 'mirror'",
+            (name,),
+        ).fetchall()
+        assert conn.execute("SELECT count(*) FROM cdcsync.key_moves WHERE pipeline = %s", (name,)).fetchone() == (0,)
+    batches = [
+        (batch_of(ranges, topic, d["partition"], d["offset"]), batch_of(ranges, topic, c["partition"], c["offset"]))
+        for d, c in moves
+    ]
+    assert any(d < c for d, c in batches) and any(c < d for d, c in batches), f"both orders: {batches}"
+
     expected = source_rows(debezium_source.dsn)
-    assert set(expected) == {1, 2, 5, 6, 10, 11}
+    assert set(expected) == {1, 2, 5, 6, 10, 11, 22, 23, 31}
     assert postgres_rows(postgres_dsn, TABLE) == expected
     assert postgres_rows(postgres_dsn, "kept") == {k: v for k, v in expected.items() if v["title"] != "skip"}
     assert normalised(clickhouse_rows(clickhouse_database), postgres_dsn) == normalised(expected, postgres_dsn)

@@ -28,7 +28,6 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from tests.conftest import DebeziumSource
@@ -220,9 +219,12 @@ def rendered_rows(dsn: str, schema: str, connect_mode: bool) -> list[tuple[Any, 
         return conn.execute(query).fetchall()
 
 
-def differences(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> tuple[list[Any], list[Any]]:
-    """(source rows missing from the mirror, mirror rows not in the source), by EXCEPT in the source database."""
-    mirror = rendered_rows(mirror_dsn, "app", connect_mode)
+def differences(
+    source_dsn: str, mirror_dsn: str, connect_mode: bool, schema: str = "app"
+) -> tuple[list[Any], list[Any]]:
+    """(source rows missing from the mirror ``schema.everything``, mirror rows not in the source), by EXCEPT in the
+    source database."""
+    mirror = rendered_rows(mirror_dsn, schema, connect_mode)
     names = [sql.Identifier(f"c_{name}") for name in COLUMNS]
     rendered_source = sql.SQL("SELECT {} FROM public.{}").format(
         sql.SQL(", ").join(render_columns(connect_mode)), sql.Identifier(TABLE)
@@ -306,42 +308,42 @@ def describe(missing: list[Any], extra: list[Any]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize(
-    ("value_format", "modes"),
-    [
-        pytest.param("json", {}, id="json-precise-adaptive"),
-        pytest.param(
-            "json", {"decimal.handling.mode": "string", "time.precision.mode": "connect"}, id="json-string-connect"
-        ),
-        pytest.param(  # bare payloads: the declared precision and time_precision_mode say the units
-            "json",
-            {
-                "decimal.handling.mode": "string",
-                "key.converter.schemas.enable": "false",
-                "value.converter.schemas.enable": "false",
-            },
-            id="json-bare-string-adaptive",
-        ),
-        # Avro: Debezium's own logical types (adaptive) and Avro's date, time-millis, timestamp-millis and decimal
-        # (connect); decimals precise in both, the one mode whose Avro form (bytes + scale) differs from JSON's.
-        pytest.param("avro", {}, id="avro-precise-adaptive"),
-        pytest.param("avro", {"time.precision.mode": "connect"}, id="avro-precise-connect"),
-    ],
-)
+MODES: dict[str, tuple[str, dict[str, str]]] = {
+    "json_precise_adaptive": ("json", {}),
+    "json_string_connect": ("json", {"decimal.handling.mode": "string", "time.precision.mode": "connect"}),
+    # bare payloads: the declared precision and time_precision_mode say the units
+    "json_bare_string_adaptive": (
+        "json",
+        {
+            "decimal.handling.mode": "string",
+            "key.converter.schemas.enable": "false",
+            "value.converter.schemas.enable": "false",
+        },
+    ),
+    # Avro: Debezium's own logical types (adaptive) and Avro's date, time-millis, timestamp-millis and decimal
+    # (connect); decimals precise in both, the one mode whose Avro form (bytes + scale) differs from JSON's.
+    "avro_precise_adaptive": ("avro", {}),
+    "avro_precise_connect": ("avro", {"time.precision.mode": "connect"}),
+}
+"""Connector modes (value format, connector settings), each captured by a connector of its own from the same
+source table and workload, and mirrored by one ``cdcsync run`` into a schema of its own."""
+
+
 def test_every_debezium_type_mirrors_the_source(
     make_project: Callable[[dict[str, Any]], Project],
     postgres_dsn: str,
     kafka_bootstrap: str,
     schema_registry_url: str,
     debezium_source: DebeziumSource,
-    value_format: str,
-    modes: dict[str, str],
 ) -> None:
-    connect_mode = modes.get("time.precision.mode") == "connect"
-    publish_workload(debezium_source, value_format, modes, kafka_bootstrap, schema_registry_url)
-    project = types_project(make_project, debezium_source, value_format, modes, schema_registry_url)
+    publish_workload(debezium_source, MODES, kafka_bootstrap, schema_registry_url)
+    project = types_project(make_project, debezium_source, MODES, schema_registry_url)
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
-    assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode)
+    for mode, (_, modes) in MODES.items():
+        connect_mode = modes.get("time.precision.mode") == "connect"
+        missing, extra = differences(debezium_source.dsn, postgres_dsn, connect_mode, schema=mode)
+        assert not missing and not extra, f"{mode}: {describe(missing, extra)}"
+    assert_source_not_trivial(debezium_source.dsn)
 
 
 def test_sigkill_mid_stream_then_restart_mirrors_the_source(
@@ -354,8 +356,9 @@ def test_sigkill_mid_stream_then_restart_mirrors_the_source(
     """The same workload (JSON; about 450 messages), mirrored in micro-batches of 40 by the real CLI, which is
     SIGKILLed at a random moment after the first batch and restarted: the mirror still equals the source, and
     the ledger holds each batch once."""
-    publish_workload(debezium_source, "json", {}, kafka_bootstrap, schema_registry_url)
-    project = types_project(make_project, debezium_source, "json", {}, schema_registry_url, max_offsets_per_trigger=40)
+    modes = {"app": ("json", {})}
+    publish_workload(debezium_source, modes, kafka_bootstrap, schema_registry_url, connector_names=False)
+    project = types_project(make_project, debezium_source, modes, schema_registry_url, max_offsets_per_trigger=40)
     killed_at = sigkill_mid_stream(project, postgres_dsn, "types", after_batches=1)
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_mirror_equals_source(debezium_source.dsn, postgres_dsn, connect_mode=False)
@@ -364,10 +367,17 @@ def test_sigkill_mid_stream_then_restart_mirrors_the_source(
 
 
 def publish_workload(
-    source: DebeziumSource, value_format: str, modes: dict[str, str], bootstrap: str, registry_url: str
+    source: DebeziumSource,
+    modes: dict[str, tuple[str, dict[str, str]]],
+    bootstrap: str,
+    registry_url: str,
+    *,
+    connector_names: bool = True,
 ) -> None:
-    """The table of every type, its seeded workload around the connector's start, and the edge cases for
-    certain; returns once all of it is in Kafka, checking that the TOAST placeholders were exercised."""
+    """The table of every type, its seeded workload around the connectors' start (one per entry of ``modes``,
+    named by its key unless ``connector_names`` is false: then the one mode is the source's own connector), and
+    the edge cases for certain; returns once all of it is in Kafka, checking that every connector published the
+    TOAST placeholders."""
     ddl = sql.SQL(", ").join(
         sql.SQL("{} " + ddl_type).format(sql.Identifier(n)) for n, (ddl_type, _) in COLUMNS.items()
     )
@@ -376,7 +386,13 @@ def publish_workload(
         conn.execute(sql.SQL("CREATE TABLE public.{} ({}, PRIMARY KEY (id))").format(sql.Identifier(TABLE), ddl))
     workload = Workload(source.dsn, seed=31)
     workload.run(8)  # published as snapshot reads
-    source.capture(f"public.{TABLE}", overrides={"skipped.operations": "none", **modes}, value_format=value_format)
+    for mode, (value_format, overrides) in modes.items():
+        source.capture(
+            f"public.{TABLE}",
+            overrides={"skipped.operations": "none", **overrides},
+            value_format=value_format,
+            connector=mode if connector_names else None,
+        )
     workload.run(60)
     workload.truncate()
     workload.run(60)
@@ -388,38 +404,43 @@ def publish_workload(
         conn.execute(sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE)), (big, key))
         conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
     source.wait_caught_up()
-    registry = registry_url if value_format == "avro" else None
-    assert placeholders_seen(bootstrap, source.topic(f"public.{TABLE}"), registry) == {"body", "big_tags", "big_ints"}
+    for mode, (value_format, _) in modes.items():
+        registry = registry_url if value_format == "avro" else None
+        topic = source.topic(f"public.{TABLE}", mode if connector_names else None)
+        assert placeholders_seen(bootstrap, topic, registry) == {"body", "big_tags", "big_ints"}, mode
 
 
 def types_project(
     make_project: Callable[[dict[str, Any]], Project],
     source: DebeziumSource,
-    value_format: str,
-    modes: dict[str, str],
+    modes: dict[str, tuple[str, dict[str, str]]],
     registry_url: str,
     **source_extra: Any,
 ) -> Project:
-    """The mirror pipeline of the table, its migrations applied."""
-    project = make_project(
-        {
-            "name": "types",
-            "sources": {
-                TABLE: {
-                    "type": "kafka",
-                    "topic": source.topic(f"public.{TABLE}"),
-                    "format": value_format,
-                    "primary_key": "id",
-                    "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
-                    "on_decode_error": "fail",
-                    "time_precision_mode": modes.get("time.precision.mode", "adaptive"),
-                    "untoasted_columns": ["prices"],  # small: an array Debezium has no TOAST placeholder for
-                    **source_extra,
-                }
-            },
-            "sinks": {"mirror": {"type": "postgres", "from": TABLE, "schema": "app", "table": TABLE}},
+    """The pipeline mirroring the table as each mode's connector publishes it (:func:`publish_workload`) into
+    the schema named by the mode (the one mode of a source's own connector: ``app``), its migrations applied."""
+    own = list(modes) == ["app"]
+    sources, sinks = {}, {}
+    for mode, (value_format, overrides) in modes.items():
+        source_id = TABLE if own else f"{TABLE}_{mode}"
+        sources[source_id] = {
+            "type": "kafka",
+            "topic": source.topic(f"public.{TABLE}", None if own else mode),
+            "format": value_format,
+            "primary_key": "id",
+            "columns": {name: declared for name, (_, declared) in COLUMNS.items()},
+            "on_decode_error": "fail",
+            "time_precision_mode": overrides.get("time.precision.mode", "adaptive"),
+            "untoasted_columns": ["prices"],  # small: an array Debezium has no TOAST placeholder for
+            **source_extra,
         }
-    )
+        sinks["mirror" if own else f"mirror_{mode}"] = {
+            "type": "postgres",
+            "from": source_id,
+            "schema": mode,
+            "table": TABLE,
+        }
+    project = make_project({"name": "types", "sources": sources, "sinks": sinks})
     project.env["CDCSYNC__SCHEMA_REGISTRY__URL"] = registry_url
     project.prepare()
     return project
@@ -428,6 +449,10 @@ def types_project(
 def assert_mirror_equals_source(source_dsn: str, mirror_dsn: str, connect_mode: bool) -> None:
     missing, extra = differences(source_dsn, mirror_dsn, connect_mode)
     assert not missing and not extra, describe(missing, extra)
+    assert_source_not_trivial(source_dsn)
+
+
+def assert_source_not_trivial(source_dsn: str) -> None:
     with psycopg.connect(source_dsn) as conn:
         count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE))).fetchone()
     assert count is not None and count[0] > 10

@@ -77,7 +77,9 @@ def assert_revenue_equals(dsn: str, expected: dict[int, dict[str, Any]]) -> None
         for customer, amounts in groups.items()
     }
     with psycopg.connect(dsn) as conn:
-        actual = {row[0]: (row[1], row[2]) for row in conn.execute("SELECT customer_id, total, orders FROM app.revenue")}
+        actual = {
+            row[0]: (row[1], row[2]) for row in conn.execute("SELECT customer_id, total, orders FROM app.revenue")
+        }
     wrong = [customer for customer in wanted if actual.get(customer) != wanted[customer]]
     assert actual.keys() == wanted.keys() and not wrong, f"{len(wrong)} groups differ, e.g. {wrong[:3]}"
 

@@ -37,7 +37,9 @@ def land(sink: PostgresUpsertSink, batch_id: int, offsets: OffsetRanges, rows: l
 
 def ledger(dsn: str) -> list[tuple[str, int, Any]]:
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT sink, batch_id, offsets FROM cdcsync.batch_ledger ORDER BY sink, batch_id").fetchall()
+        return conn.execute(
+            "SELECT sink, batch_id, offsets FROM cdcsync.batch_ledger ORDER BY sink, batch_id"
+        ).fetchall()
 
 
 def test_a_batch_id_is_skipped_only_when_it_reads_the_same_offsets(postgres_dsn: str, tmp_path: Path) -> None:

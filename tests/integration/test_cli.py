@@ -97,3 +97,26 @@ def test_unreachable_postgres_is_a_clean_runtime_error(project: Path, monkeypatc
     code, _, err = invoke("migrate", str(project))
     assert code == 1
     assert "connecting to Postgres" in err and "s3cret" not in err and "Traceback" not in err
+
+
+def test_reset_asks_first_then_removes_the_checkpoints_and_ledger_rows(project: Path, postgres_dsn: str) -> None:
+    import psycopg
+
+    assert invoke("init", str(project))[0] == 0 and invoke("migrate", str(project))[0] == 0
+    checkpoint = project.parent / "state" / "checkpoints" / "clitest" / "orders"
+    (checkpoint / "commits").mkdir(parents=True)
+    with psycopg.connect(postgres_dsn) as conn:
+        conn.execute(
+            "INSERT INTO cdcsync.batch_ledger (pipeline, sink, checkpoint_id, batch_id, rows_written) "
+            "VALUES ('clitest', 'mirror', 'cp', 0, 3), ('other', 'mirror', 'cp', 0, 3)"
+        )
+    code, _, err = invoke("reset", str(project))  # no terminal to ask on
+    assert code == 2 and "--yes" in err and checkpoint.exists(), err
+    code, _, err = invoke("reset", str(project), "--sink", "nope", "--yes")
+    assert code == 2 and "has no sink 'nope'" in err, err
+    code, out, err = invoke("reset", str(project), "--sink", "mirror", "--yes")
+    assert code == 0, err
+    assert "1 checkpoint(s) and 1 ledger row(s) removed" in out and "checkpoint of source 'orders'" in err
+    assert not checkpoint.exists()
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT pipeline FROM cdcsync.batch_ledger").fetchall() == [("other",)]

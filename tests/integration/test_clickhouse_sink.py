@@ -509,6 +509,26 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     assert set(current) == {3, 4, 7, 8}
     assert current[7] == full(1) and current[8] == full(21)
 
+    # Key changes whose delete (with its key-move row 'n', naming the new key) and create are in different tasks
+    # or batches. Delete first: 7 -> 9, the create a batch later.
+    sink.stage_writer(4, "c").stage(batch([(7, "d", 50, None), (9, "n", 50, None)], 20))
+    sink.stage_writer(5, "c").stage(batch([(9, "c", 50, unchanged())], 22))
+    assert current_rows()[9] == full(1)
+    # Create first (its partition ran ahead), and its key changed again: 8 -> 10 lands holding the placeholder,
+    # and the delete of 8 a batch later corrects it, with the value 8 was given just before the move.
+    sink.stage_writer(6, "c").stage(batch([(10, "c", 60, unchanged()), (10, "u", 61, unchanged())], 23))
+    assert current_rows()[10]["body"] == placeholder["body"]
+    sink.stage_writer(7, "c").stage(batch([(8, "u", 55, full(22)), (8, "d", 60, None), (10, "n", 60, None)], 25))
+    # One batch, two tasks (partitions), the delete's first: 9 -> 11.
+    writer = sink.stage_writer(8, "c")
+    writer.stage(batch([(9, "d", 70, None), (11, "n", 70, None)], 28))
+    writer.stage(batch([(11, "c", 70, unchanged())], 30))
+    current = current_rows()
+    assert set(current) == {3, 4, 10, 11}
+    assert current[10] == full(22) and current[11] == full(1)
+    writer.stage(batch([(11, "c", 70, unchanged())], 30))  # a retried task: nothing changes
+    assert current_rows() == current
+
 
 def test_dates_and_timestamps_land_over_clickhouses_whole_range_with_the_infinities_at_its_ends(
     clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str

@@ -377,6 +377,25 @@ def test_a_tombstone_is_a_delete_of_its_key_without_a_version() -> None:
     assert decode(BASIC, [(b"not json", None), (dumps({"other": 1}), None)]) == []
 
 
+def test_the_delete_of_a_key_change_names_the_new_key_in_a_key_move_row() -> None:
+    """Debezium's ``__debezium.newkey`` header (picked out by Spark into the ``new_key`` column): the delete of the
+    old key is followed by a key-move row, the new key at the delete's version (cdcsync.sinks.key_moves)."""
+    delete = dumps(change("d", before={"id": 1, "name": None, "qty": None}))
+    create = dumps(change("c", after={"id": 5, "name": "a", "qty": 1}))
+    batch = kafka_batch([(key(1), delete), (key(1), None), (key(5), create), (key(2), delete)])
+    new_keys = pa.array([key(5), None, None, b"not a key"], pa.binary())
+    batch = pa.RecordBatch.from_arrays([*batch.columns, new_keys], names=[*batch.schema.names, "new_key"])
+    rows = [row for out in decode_batches(iter([batch]), BASIC) for row in out.to_pylist()]
+    version = (1000 << 64) + 1000
+    assert [(r["id"], r["name"], r["_cdc_op"], r["_cdc_version"], r["_cdc_offset"]) for r in rows] == [
+        (1, None, "d", version, 100),
+        (5, None, "n", version, 100),
+        (1, None, "d", None, 101),
+        (5, "a", "c", version, 102),
+        (1, None, "d", version, 103),  # a header whose key does not decode: no key-move row, no dead letter
+    ]
+
+
 def test_headers_column_and_empty_batches_are_fine() -> None:
     payload = dumps(change("c", after={"id": 1, "name": "a", "qty": 1}))
     assert only(decode(BASIC, [(key(1), payload)], with_headers=True))["id"] == 1

@@ -3,6 +3,7 @@ in ``docs/`` can be reached from the README, and every command and option of ``c
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from pathlib import Path
@@ -173,11 +174,21 @@ def yaml_examples() -> list[tuple[str, dict[str, object]]]:
 
 
 @pytest.mark.parametrize(("where", "example"), yaml_examples(), ids=[where for where, _ in yaml_examples()])
-def test_yaml_examples_are_valid(where: str, example: dict[str, object]) -> None:
-    """Pipeline fragments validate (sources they leave out, and columns `cdcsync init` would read, are stubbed);
-    a settings example is valid settings."""
+def test_yaml_examples_are_valid(
+    where: str, example: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipeline fragments validate (sources they leave out, and columns `cdcsync init` would read, are stubbed;
+    the example plugin is installed for those naming it); a settings example is valid settings."""
+    from cdcsync.config import plugins
     from cdcsync.config.load import validate_pipeline_dict
     from cdcsync.config.settings import Settings
+    from tests import basic_plugin
+
+    if "basic_plugin." in repr(example):
+        for entry in basic_plugin.install(tmp_path):
+            monkeypatch.syspath_prepend(str(entry))
+        plugins.installed.cache_clear()
+        monkeypatch.setattr(plugins, "installed", functools.cache(plugins.installed.__wrapped__))
 
     assert isinstance(example, dict), where
     if not {"sources", "sinks", "transforms"} & set(example):

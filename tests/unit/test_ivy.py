@@ -101,7 +101,7 @@ def test_without_extraction_filters_only_files_inside_the_target_are_extracted(
     assert not (tmp_path / "evil.jar").exists()
 
 
-def test_spark_gets_the_connector_as_local_jars_from_the_cdcsync_cache(
+def test_spark_gets_the_connector_and_delta_as_local_jars_from_the_cdcsync_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     resolved: list[tuple[list[Artifact], list[str], Path]] = []
@@ -115,5 +115,7 @@ def test_spark_gets_the_connector_as_local_jars_from_the_cdcsync_cache(
     home = tmp_path / "spark-ivy"
     assert conf == {"spark.jars": f"{home / 'a.jar'},{home / 'b.jar'}"}
     ((artifacts, exclusions, resolved_home),) = resolved
-    assert artifacts == [Artifact.parse(jars.spark_kafka_connector_coordinate())] and resolved_home == home
+    expected = [Artifact.parse(jars.spark_kafka_connector_coordinate()), Artifact.parse(jars.DELTA_COORDINATE)]
+    assert artifacts == expected and resolved_home == home
+    assert jars.DELTA_COORDINATE == "io.delta:delta-spark_2.13:4.4.0"
     assert "*:hadoop-client-runtime" in exclusions and "*:spark-core_2.13" in exclusions  # pyspark ships them

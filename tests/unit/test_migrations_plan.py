@@ -447,9 +447,9 @@ def test_dynamic_table_changes_are_destructive(migrations_dir: Path, table: dict
 @pytest.mark.parametrize(
     ("old_version", "creates"),
     [
-        (None, ["truncations", "dynamic_table_changes", "source_positions"]),
-        (2, ["dynamic_table_changes", "source_positions"]),
-        (3, ["source_positions"]),
+        (None, ["truncations", "dynamic_table_changes", "source_positions", "key_moves"]),
+        (2, ["dynamic_table_changes", "source_positions", "key_moves"]),
+        (3, ["source_positions", "key_moves"]),
     ],
 )
 def test_internal_upgrade_creates_what_the_old_version_lacks(

@@ -106,13 +106,13 @@ def test_composite_keys_are_lists() -> None:
         (
             "sinks.orders_mirror.type",
             "postgress",
-            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse "
-            "(did you mean 'postgres'?)",
+            "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse, delta, "
+            "print, blackhole, webhook (did you mean 'postgres'?)",
         ),
         (
             "sinks.orders_mirror.type",
-            "delta",
-            "sinks.orders_mirror.type: 'delta' is not available in this version",
+            "dynamic_table",
+            "sinks.orders_mirror.type: 'dynamic_table' is not available in this version",
         ),
         ("sinks.orders_mirror.table", ..., "sinks.orders_mirror.table: required key is missing"),
         (

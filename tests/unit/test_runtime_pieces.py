@@ -239,23 +239,6 @@ def test_newest_per_key_stages_what_a_primary_key_change_needs() -> None:
     assert len(newest_per_key(table, ("a",), toastable)) == 3  # without: only the newest per key
 
 
-def test_move_markers_are_the_unpaired_deletes_at_the_end_of_a_partitions_range() -> None:
-    from cdcsync.sinks.postgres import move_markers
-
-    table = pa.table(
-        {
-            "a": [1, 2, 3, 4, 5, 6],
-            "_cdc_op": ["d", "d", "c", "d", "d", "c"],
-            "_cdc_version": [10, 11, 11, 40, 50, 60],
-            "_cdc_partition": pa.array([0, 0, 0, 0, 1, 1], pa.int32()),
-            "_cdc_offset": pa.array([1, 7, 9, 8, 3, 4], pa.int64()),
-        }
-    )
-    marked = move_markers(table).to_pylist()
-    # 1: early in its range; 2: its create (version 11) is in the range; 4 and 5: at the ends of theirs
-    assert [(row["a"], row["_cdc_op"]) for row in marked] == [(4, "m"), (5, "m")]
-
-
 def test_clickhouse_pairs_a_key_changes_create_with_the_delete_at_its_version() -> None:
     from cdcsync.sinks.clickhouse import ClickHouseWriter
 
@@ -377,6 +360,11 @@ def test_merge_keeps_stored_arrays_for_their_placeholders() -> None:
         primary_key=("id",),
         value_columns=tuple(kinds),
         toastable=kinds,
+        toast_types=kinds,
+        internal_schema="cdcsync",
+        pipeline="p",
+        sink_id="s",
+        delete_mode="hard",
         **TEMPLATE_VALUES,
     )
     assert "EXCLUDED.\"tags\"::text[] = ARRAY['__debezium_unavailable_value']::text[]" in merge

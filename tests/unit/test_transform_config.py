@@ -222,6 +222,26 @@ def test_dynamic_table_key_type_inferred_from_a_computed_column() -> None:
     assert (spec.key_column, spec.key_type) == ("email", PgType("text"))
 
 
+def test_key_move_rows_pass_a_where_and_add_no_dynamic_table_key() -> None:
+    """A key-move row (op 'n': the new key of a primary-key change, cdcsync.sinks.key_moves) is no change of a row:
+    a transform's WHERE must not turn it into a delete of the new key, and a side output must not add its key."""
+    transforms = {
+        "lowered": {
+            "type": "dynamic_table",
+            "backend_type": "postgres",
+            "backend_entity_name": "lowered",
+            "sql": "SELECT id FROM orders WHERE amount > 0",
+        },
+        "big_orders": sql_transform("SELECT * FROM orders WHERE amount > 100"),
+    }
+    plan = valid(transforms).plan
+    (step,) = plan.steps
+    fill = plan.dynamic_tables["lowered"].fill
+    assert fill is not None
+    assert "IN ('t', 'n') THEN" in step.spark_sql and "ELSE 'd'" in step.spark_sql
+    assert "<> 'n'" in fill.spark_sql
+
+
 def test_a_filling_table_is_planned_before_the_transforms_that_check_it() -> None:
     transforms = {
         "a_checks": sql_transform("SELECT * FROM positive WHERE NOT dynamic_table_check('seen', id)"),

@@ -67,6 +67,11 @@ CDC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("_cdc_offset", "bigint"),
 )
 """Metadata columns, in output order, with their Spark types."""
+NEW_KEY_HEADER = "__debezium.newkey"
+"""The Kafka header Debezium's Postgres connector puts on the delete of an old primary key: the new key, serialized
+by the key converter (like the message key)."""
+NEW_KEY_COLUMN = "new_key"
+"""The decoder's input column holding :data:`NEW_KEY_HEADER`'s value (null without it)."""
 DLQ_COLUMNS: tuple[tuple[str, str], ...] = (
     ("_dlq_reason", "string"),
     ("_dlq_report", "string"),

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
+from cdcsync.core.names import KEY_MOVE_OP
 from cdcsync.core.reports import Report, ReportedFailure, undecodable
 from cdcsync.sources.debezium.converters import converter_for
 from cdcsync.sources.debezium.envelope import (
+    NEW_KEY_COLUMN,
     PAYLOAD_HEAD,
     PAYLOAD_TAIL,
     envelope_namespace,
@@ -149,6 +151,20 @@ class RowPlan:
             return f"tombstone: {reason}"
         return [*values, "d", None, None]
 
+    def _key_move(self, new_key_raw: bytes, delete: list[Any]) -> list[Any] | None:
+        """The key-move row (:data:`~cdcsync.core.names.KEY_MOVE_OP`) of ``delete`` (a decoded
+        delete whose message names the new key); None when that key does not give the primary key (the pairing
+        then falls back to what the batch shows, as without the header)."""
+        values: list[Any] = [None] * len(self.names)
+        reason = (
+            self.key_from_message(values, new_key_raw)
+            if self.pk_index is None
+            else self.key_fallback(values, new_key_raw)
+        )
+        if reason is not None:
+            return None
+        return [*values, KEY_MOVE_OP, delete[-2], delete[-1]]
+
     # ---- the primary key -------------------------------------------------------------------------------------
 
     def key_fallback(self, values: list[Any], key_raw: bytes | None) -> str | None:
@@ -220,6 +236,12 @@ class RowPlan:
         names = batch.schema.names
         values_in = batch.column(names.index("value")).to_pylist()
         keys_in = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(values_in)
+        # The new key of a primary-key change, on the delete of the old key (nearly always null: read only if set).
+        new_keys_in: list[Any] | None = None
+        if NEW_KEY_COLUMN in names:
+            new_keys = batch.column(names.index(NEW_KEY_COLUMN))
+            if new_keys.null_count < len(new_keys):
+                new_keys_in = new_keys.to_pylist()
         offsets_in: list[Any] | None = None
         kafka_ts: list[Any] | None = None
 
@@ -252,6 +274,11 @@ class RowPlan:
                         kafka_ts = self._kafka_micros(batch)
                     result[-1] = kafka_ts[i]
                 rows.append(result)
+                if new_keys_in is not None and new_keys_in[i] is not None and result[-3] == "d" and not tombstone:
+                    marker = self._key_move(new_keys_in[i], result)
+                    if marker is not None:
+                        sources.append(i)
+                        rows.append(marker)
             else:
                 dead.append((len(rows), result))  # type: ignore[arg-type]
                 rows.append(null_row)

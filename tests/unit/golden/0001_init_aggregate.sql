@@ -1,7 +1,8 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "dynamic_table_changes"
+--   roles "cdcsync_owner" (owns every object; this file and the later ones run as it) and "cdcsync_writer" (what `cdcsync run` needs: rows, no DDL), NOLOGIN, unless they exist; needs a role that may create roles (a DBA)
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "key_moves", "dynamic_table_changes"
 --   sink 'revenue' (delete_mode hard, primary key "id"):
 --     table "app"."orders_state": the landing table (current row per key)
 --     unlogged table "cdcsync"."shop__revenue__stage": its staging table
@@ -12,8 +13,91 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:eb90a870055dd8767a0f554c5610043289425e18428b720e083d549c1398d199
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
+-- checksum: sha256:5c2fdd31e9f0ce26583cd37be6bf8aeb33590c90fb5a0cc91ced5d8e690f2077
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
+
+DO $cdcsync$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'cdcsync_owner') THEN
+        BEGIN
+            CREATE ROLE "cdcsync_owner" NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'cdcsync_writer') THEN
+        BEGIN
+            CREATE ROLE "cdcsync_writer" NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    -- SET ROLE needs the SET option on Postgres 16 and later (a CREATEROLE user is not given it by itself)
+    IF NOT pg_catalog.pg_has_role(current_user, 'cdcsync_owner',
+            CASE WHEN current_setting('server_version_num')::int >= 160000 THEN 'SET' ELSE 'MEMBER' END) THEN
+        EXECUTE format('GRANT %I TO %I', 'cdcsync_owner', current_user);
+    END IF;
+    EXECUTE format('GRANT CREATE, TEMPORARY ON DATABASE %I TO %I', current_database(), 'cdcsync_owner');
+    EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %I', current_database(), 'cdcsync_writer');
+END
+$cdcsync$;
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+GRANT USAGE, CREATE ON SCHEMA "cdcsync" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "cdcsync" TO "cdcsync_writer";
+CREATE SCHEMA IF NOT EXISTS "app";
+GRANT USAGE, CREATE ON SCHEMA "app" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "app" TO "cdcsync_writer";
+
+DO $cdcsync$
+BEGIN
+    IF to_regclass('"cdcsync"."schema_migrations"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."schema_migrations" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."batch_ledger"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."batch_ledger" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."dead_letters"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."dead_letters" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."truncations"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."truncations" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"app"."orders_state"') IS NOT NULL THEN
+        ALTER TABLE "app"."orders_state" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."shop__revenue__stage"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."shop__revenue__stage" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."shop__revenue__tombstones"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."shop__revenue__tombstones" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"app"."revenue_by_customer"') IS NOT NULL THEN
+        ALTER TABLE "app"."revenue_by_customer" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regprocedure('"cdcsync"."count_dynamic_table_change"()') IS NOT NULL THEN
+        ALTER FUNCTION "cdcsync"."count_dynamic_table_change"() OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regprocedure('"cdcsync"."shop__revenue__agg_insert"()') IS NOT NULL THEN
+        ALTER FUNCTION "cdcsync"."shop__revenue__agg_insert"() OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regprocedure('"cdcsync"."shop__revenue__agg_update"()') IS NOT NULL THEN
+        ALTER FUNCTION "cdcsync"."shop__revenue__agg_update"() OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regprocedure('"cdcsync"."shop__revenue__agg_delete"()') IS NOT NULL THEN
+        ALTER FUNCTION "cdcsync"."shop__revenue__agg_delete"() OWNER TO "cdcsync_owner";
+    END IF;
+END
+$cdcsync$;
+SET LOCAL ROLE "cdcsync_owner";
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -53,6 +137,11 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
 );
 COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
 
+GRANT SELECT ON "cdcsync"."schema_migrations" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."batch_ledger" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."dead_letters" TO "cdcsync_writer";
+GRANT USAGE ON SEQUENCE "cdcsync"."dead_letters_id_seq" TO "cdcsync_writer";
+
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
@@ -61,6 +150,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."truncations" TO "cdcsync_writer";
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
@@ -71,6 +161,19 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."source_positions" TO "cdcsync_writer";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."key_moves" (
+    "pipeline" text,
+    "sink" text,
+    "key" jsonb,
+    "_cdc_version" numeric(38,0) NOT NULL,
+    "values" jsonb NOT NULL,
+    "moved_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "key")
+);
+COMMENT ON TABLE "cdcsync"."key_moves" IS 'cdcsync: per sink, the old key''s large values of a primary-key change whose delete was merged before the create of the new key; removed when the new key is merged';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."key_moves" TO "cdcsync_writer";
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -79,6 +182,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     PRIMARY KEY ("table_schema", "table_name")
 );
 COMMENT ON TABLE "cdcsync"."dynamic_table_changes" IS 'cdcsync: per dynamic table, how many statements changed it; the pipeline reloads its keys when this moves';
+GRANT SELECT ON "cdcsync"."dynamic_table_changes" TO "cdcsync_writer";
 
 CREATE OR REPLACE FUNCTION "cdcsync"."count_dynamic_table_change"() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $cdcsync$
@@ -121,6 +225,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__revenue__stage" (
     "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
+GRANT SELECT, INSERT, UPDATE, DELETE ON "app"."orders_state" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON "cdcsync"."shop__revenue__stage" TO "cdcsync_writer";
 COMMENT ON TABLE "cdcsync"."shop__revenue__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''revenue'': micro-batches are copied here, then merged into "app"."orders_state"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__revenue__tombstones" (
@@ -128,6 +234,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."shop__revenue__tombstones" (
     "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."shop__revenue__tombstones" TO "cdcsync_writer";
 COMMENT ON TABLE "cdcsync"."shop__revenue__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''revenue'': keys hard-deleted from "app"."orders_state" and the version of their delete';
 
 
@@ -151,6 +258,7 @@ CREATE TABLE IF NOT EXISTS "app"."revenue_by_customer" (
     UNIQUE NULLS NOT DISTINCT ("customer_id", "region")
 );
 COMMENT ON TABLE "app"."revenue_by_customer" IS 'maintained by triggers on "app"."orders_state" (cdcsync pipeline ''shop'', sink ''revenue''); do not write to it by hand';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "app"."revenue_by_customer" TO "cdcsync_writer";
 
 CREATE INDEX IF NOT EXISTS "revenue_by_customer__amount__minmax" ON "app"."orders_state" ((("customer_id")::bigint), "region", "amount");
 
@@ -358,5 +466,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:eb90a870055dd8767a0f554c5610043289425e18428b720e083d549c1398d199')
+VALUES ('shop', '0001_init.sql', 'sha256:5c2fdd31e9f0ce26583cd37be6bf8aeb33590c90fb5a0cc91ced5d8e690f2077')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -1,7 +1,8 @@
 -- cdcsync migration 0001_init.sql for pipeline 'shop' (postgres)
 -- generator: cdcsync VERSION
 -- creates:
---   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "dynamic_table_changes"
+--   roles "cdcsync_owner" (owns every object; this file and the later ones run as it) and "cdcsync_writer" (what `cdcsync run` needs: rows, no DDL), NOLOGIN, unless they exist; needs a role that may create roles (a DBA)
+--   schema "cdcsync" with tables "schema_migrations", "batch_ledger", "dead_letters", "truncations", "source_positions", "key_moves", "dynamic_table_changes"
 --   sink 'orders_mirror' (delete_mode hard, primary key "id"):
 --     table "app"."orders": the mirror table
 --     unlogged table "cdcsync"."shop__orders_mirror__stage": its staging table
@@ -12,8 +13,91 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0001_init.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:9d8838e85b0c95510e8d1ab3204058c1a977cdc16cda555a8e22f1c3ea172ba9
--- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":5,"pipeline":"shop","sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
+-- checksum: sha256:d1c700f0693158ed7016930510fad467b251c03697067dac5644e0df5d1df377
+-- cdcsync-state: {"database":"postgres","dynamic_tables":{"seen":{"key_column":"customer","key_type":"bigint","schema":"public","table":"seen"},"vip":{"key_column":"key","key_type":"bigint","schema":"crm","table":"VIP customers"}},"format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"orders_mirror":{"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"bigint"},{"name":"amount","type":"numeric(12,2)"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__orders_mirror__stage","table":"orders","tombstone_table":"shop__orders_mirror__tombstones","version_type":"numeric(38,0)"}}}
+
+DO $cdcsync$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'cdcsync_owner') THEN
+        BEGIN
+            CREATE ROLE "cdcsync_owner" NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'cdcsync_writer') THEN
+        BEGIN
+            CREATE ROLE "cdcsync_writer" NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    -- SET ROLE needs the SET option on Postgres 16 and later (a CREATEROLE user is not given it by itself)
+    IF NOT pg_catalog.pg_has_role(current_user, 'cdcsync_owner',
+            CASE WHEN current_setting('server_version_num')::int >= 160000 THEN 'SET' ELSE 'MEMBER' END) THEN
+        EXECUTE format('GRANT %I TO %I', 'cdcsync_owner', current_user);
+    END IF;
+    EXECUTE format('GRANT CREATE, TEMPORARY ON DATABASE %I TO %I', current_database(), 'cdcsync_owner');
+    EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %I', current_database(), 'cdcsync_writer');
+END
+$cdcsync$;
+CREATE SCHEMA IF NOT EXISTS "cdcsync";
+GRANT USAGE, CREATE ON SCHEMA "cdcsync" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "cdcsync" TO "cdcsync_writer";
+CREATE SCHEMA IF NOT EXISTS "app";
+GRANT USAGE, CREATE ON SCHEMA "app" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "app" TO "cdcsync_writer";
+CREATE SCHEMA IF NOT EXISTS "public";
+GRANT USAGE, CREATE ON SCHEMA "public" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "public" TO "cdcsync_writer";
+CREATE SCHEMA IF NOT EXISTS "crm";
+GRANT USAGE, CREATE ON SCHEMA "crm" TO "cdcsync_owner";
+GRANT USAGE ON SCHEMA "crm" TO "cdcsync_writer";
+
+DO $cdcsync$
+BEGIN
+    IF to_regclass('"cdcsync"."schema_migrations"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."schema_migrations" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."batch_ledger"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."batch_ledger" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."dead_letters"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."dead_letters" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."truncations"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."truncations" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."source_positions"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."source_positions" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."key_moves"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."key_moves" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."dynamic_table_changes"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."dynamic_table_changes" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"app"."orders"') IS NOT NULL THEN
+        ALTER TABLE "app"."orders" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."shop__orders_mirror__stage"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."shop__orders_mirror__stage" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"cdcsync"."shop__orders_mirror__tombstones"') IS NOT NULL THEN
+        ALTER TABLE "cdcsync"."shop__orders_mirror__tombstones" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"public"."seen"') IS NOT NULL THEN
+        ALTER TABLE "public"."seen" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regclass('"crm"."VIP customers"') IS NOT NULL THEN
+        ALTER TABLE "crm"."VIP customers" OWNER TO "cdcsync_owner";
+    END IF;
+    IF to_regprocedure('"cdcsync"."count_dynamic_table_change"()') IS NOT NULL THEN
+        ALTER FUNCTION "cdcsync"."count_dynamic_table_change"() OWNER TO "cdcsync_owner";
+    END IF;
+END
+$cdcsync$;
+SET LOCAL ROLE "cdcsync_owner";
 
 CREATE SCHEMA IF NOT EXISTS "cdcsync";
 
@@ -53,6 +137,11 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dead_letters" (
 );
 COMMENT ON TABLE "cdcsync"."dead_letters" IS 'cdcsync: messages that could not be decoded, with where they came from and why';
 
+GRANT SELECT ON "cdcsync"."schema_migrations" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."batch_ledger" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."dead_letters" TO "cdcsync_writer";
+GRANT USAGE ON SEQUENCE "cdcsync"."dead_letters_id_seq" TO "cdcsync_writer";
+
 CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     "pipeline" text,
     "sink" text,
@@ -61,6 +150,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."truncations" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."truncations" IS 'cdcsync: per sink, the version of the newest source truncate applied; older changes are ignored';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."truncations" TO "cdcsync_writer";
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     "pipeline" text,
@@ -71,6 +161,19 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
     PRIMARY KEY ("pipeline", "sink")
 );
 COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."source_positions" TO "cdcsync_writer";
+
+CREATE TABLE IF NOT EXISTS "cdcsync"."key_moves" (
+    "pipeline" text,
+    "sink" text,
+    "key" jsonb,
+    "_cdc_version" numeric(38,0) NOT NULL,
+    "values" jsonb NOT NULL,
+    "moved_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "key")
+);
+COMMENT ON TABLE "cdcsync"."key_moves" IS 'cdcsync: per sink, the old key''s large values of a primary-key change whose delete was merged before the create of the new key; removed when the new key is merged';
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."key_moves" TO "cdcsync_writer";
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
@@ -79,6 +182,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     PRIMARY KEY ("table_schema", "table_name")
 );
 COMMENT ON TABLE "cdcsync"."dynamic_table_changes" IS 'cdcsync: per dynamic table, how many statements changed it; the pipeline reloads its keys when this moves';
+GRANT SELECT ON "cdcsync"."dynamic_table_changes" TO "cdcsync_writer";
 
 CREATE OR REPLACE FUNCTION "cdcsync"."count_dynamic_table_change"() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $cdcsync$
@@ -111,6 +215,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__stage" (
     "_cdc_version" numeric(38,0) NOT NULL,
     "_cdc_ts" timestamptz
 );
+GRANT SELECT, INSERT, UPDATE, DELETE ON "app"."orders" TO "cdcsync_writer";
+GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON "cdcsync"."shop__orders_mirror__stage" TO "cdcsync_writer";
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__stage" IS 'cdcsync staging table of pipeline ''shop'', sink ''orders_mirror'': micro-batches are copied here, then merged into "app"."orders"';
 
 CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
@@ -118,6 +224,7 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."shop__orders_mirror__tombstones" (
     "_cdc_version" numeric(38,0) NOT NULL,
     PRIMARY KEY ("id")
 );
+GRANT SELECT, INSERT, UPDATE, DELETE ON "cdcsync"."shop__orders_mirror__tombstones" TO "cdcsync_writer";
 COMMENT ON TABLE "cdcsync"."shop__orders_mirror__tombstones" IS 'cdcsync tombstones of pipeline ''shop'', sink ''orders_mirror'': keys hard-deleted from "app"."orders" and the version of their delete';
 
 CREATE SCHEMA IF NOT EXISTS "public";
@@ -130,6 +237,7 @@ CREATE TABLE IF NOT EXISTS "public"."seen" (
 );
 COMMENT ON TABLE "public"."seen" IS 'dynamic table ''seen'' of cdcsync pipeline ''shop'': edit its keys freely, the pipeline sees each change from its next micro-batch on';
 
+GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."seen" TO "cdcsync_writer";
 INSERT INTO "cdcsync"."dynamic_table_changes" ("table_schema", "table_name", "change_count")
 VALUES ('public', 'seen', 0)
 ON CONFLICT ("table_schema", "table_name") DO NOTHING;
@@ -149,6 +257,7 @@ CREATE TABLE IF NOT EXISTS "crm"."VIP customers" (
 );
 COMMENT ON TABLE "crm"."VIP customers" IS 'dynamic table ''vip'' of cdcsync pipeline ''shop'': edit its keys freely, the pipeline sees each change from its next micro-batch on';
 
+GRANT SELECT, INSERT, UPDATE, DELETE ON "crm"."VIP customers" TO "cdcsync_writer";
 INSERT INTO "cdcsync"."dynamic_table_changes" ("table_schema", "table_name", "change_count")
 VALUES ('crm', 'VIP customers', 0)
 ON CONFLICT ("table_schema", "table_name") DO NOTHING;
@@ -160,5 +269,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_count_changes"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0001_init.sql', 'sha256:9d8838e85b0c95510e8d1ab3204058c1a977cdc16cda555a8e22f1c3ea172ba9')
+VALUES ('shop', '0001_init.sql', 'sha256:d1c700f0693158ed7016930510fad467b251c03697067dac5644e0df5d1df377')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;

@@ -55,6 +55,17 @@ CREATE TABLE IF NOT EXISTS "cdcsync"."source_positions" (
 );
 COMMENT ON TABLE "cdcsync"."source_positions" IS 'cdcsync: per sink, the newest source commit position and snapshot merged; a new snapshot below the position stops the run';
 
+CREATE TABLE IF NOT EXISTS "cdcsync"."key_moves" (
+    "pipeline" text,
+    "sink" text,
+    "key" jsonb,
+    "_cdc_version" numeric(38,0) NOT NULL,
+    "values" jsonb NOT NULL,
+    "moved_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("pipeline", "sink", "key")
+);
+COMMENT ON TABLE "cdcsync"."key_moves" IS 'cdcsync: per sink, the old key''s large values of a primary-key change whose delete was merged before the create of the new key; removed when the new key is merged';
+
 CREATE TABLE IF NOT EXISTS "cdcsync"."dynamic_table_changes" (
     "table_schema" text,
     "table_name" text,

@@ -1,0 +1,30 @@
+-- cdcsync migration 0001_init.sql for pipeline 'shop' (delta)
+-- generator: cdcsync 0.1.0
+-- creates:
+--   sink 'lake': Delta table `lake`.`orders`, history (SCD type 2), key (`id`)
+-- apply with: cdcsync migrate PIPELINE.yaml
+--         or: spark-sql (with the Delta extension, see docs/delta.md) -f 0001_init.sql
+-- the checksum covers the SQL between this header and the ledger record at the end;
+-- an applied file must not change: write a new migration instead
+-- checksum: sha256:061d4fbabfb037280efe532cdda68d266a2d1a895c420601c77c83bb0d9bd134
+-- cdcsync-state: {"database":"delta","format":1,"ledger":"postgres","pipeline":"shop","sinks":{"lake":{"columns":[{"name":"id","type":"bigint"},{"name":"region","type":"string"},{"name":"amount","type":"decimal(12,2)"},{"name":"Note `x`","type":"string"},{"name":"tags","type":"array<string>"}],"delete_mode":null,"location":{"table":"lake.orders"},"mode":"history","partition_by":[],"primary_key":["id"],"properties":{"delta.enableChangeDataFeed":"false"}}}}
+
+CREATE TABLE IF NOT EXISTS `lake`.`orders` (
+    `id` BIGINT,
+    `region` STRING,
+    `amount` DECIMAL(12,2),
+    `Note ``x``` STRING,
+    `tags` ARRAY<STRING>,
+    `_cdc_op` STRING,
+    `_cdc_version` DECIMAL(38,0),
+    `_cdc_ts` TIMESTAMP,
+    `_valid_from` TIMESTAMP,
+    `_valid_to` TIMESTAMP,
+    `_is_current` BOOLEAN
+)
+USING DELTA
+TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false');
+
+-- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
+-- then, in the pipeline's Postgres database (psql), record it:
+-- INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum") VALUES ('shop', 'delta/0001_init.sql', 'sha256:061d4fbabfb037280efe532cdda68d266a2d1a895c420601c77c83bb0d9bd134') ON CONFLICT DO NOTHING;
