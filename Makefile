@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency compose-check install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency compose-check container-images containers-smoke install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ install: $(DEPS_STAMP)
 jars: $(JARS_STAMP)
 
 lint: install
-	$(BIN)/ruff check cdcsync tests benchmarks examples
+	$(BIN)/ruff check cdcsync tests benchmarks examples containers
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
@@ -89,6 +89,31 @@ compose-check:
 	.cache/compose-check compose/docker-compose.yml
 	@if .cache/compose-check tools/compose-check/testdata/broken.yml > /dev/null 2>&1; then \
 		echo "compose-check accepted tools/compose-check/testdata/broken.yml: the checker is broken"; exit 1; fi
+
+# Images for CDCSYNC_TEST_STACK=containers and the compose stack, built here because no image registry is
+# reachable: a debootstrapped Debian base, Postgres, Kafka, Apicurio Registry, cdcsync, the chDB-based ClickHouse
+# stand-in, and for compose Kafka Connect with Debezium and curl (containers/build.py). Idempotent: images whose
+# inputs did not change are reused.
+container-images: jars
+	containers/dockerd-up
+	$(BIN)/python containers/build.py
+
+# The tests of each service and one Debezium pipeline through the CLI, through testcontainers on the local images
+# (only the four the tests run are built; Kafka Connect runs on the host, as in every test run).
+# Services given through CDCSYNC_TEST_* addresses would win over containers: they are unset here. The engine runs on
+# this machine (which may itself be a container, where testcontainers would reach services by the bridge's gateway):
+# its published ports are on loopback, where Kafka Connect, started on the host by the tests, expects them.
+CONTAINERS_SMOKE_TESTS ?= tests/integration/test_introspection.py tests/integration/test_apicurio_registry.py \
+	tests/integration/test_clickhouse_sink.py tests/integration/test_migrations_pg.py \
+	tests/e2e/test_debezium_routing.py
+containers-smoke: jars
+	containers/dockerd-up
+	$(BIN)/python containers/build.py --only postgres kafka schema-registry clickhouse
+	env -u CDCSYNC_TEST_POSTGRES_DSN -u CDCSYNC_TEST_KAFKA_BOOTSTRAP -u CDCSYNC_TEST_CLICKHOUSE_URL \
+		-u CDCSYNC_TEST_SCHEMA_REGISTRY_URL -u CDCSYNC_TEST_CONNECT_URL \
+		CDCSYNC_TEST_STACK=containers TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host \
+		CDCSYNC_TEST_NO_SKIPS=1 $$($(BIN)/python containers/build.py --env) \
+		$(BIN)/pytest -p no:cacheprovider -rs $(CONTAINERS_SMOKE_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cdcsync .pytest_cache .mypy_cache .ruff_cache

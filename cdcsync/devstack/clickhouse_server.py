@@ -24,9 +24,11 @@ What it implements, as clickhouse-server does:
   ``Code: N. DB::Exception: ...`` body, so clients raise the same error codes as against a real server.
 
 What it does not do: authentication (user ``default`` with any password is accepted, any other user is refused;
-it listens on 127.0.0.1 only), TLS, the native TCP protocol, external data tables, ClickHouse's own
-``compress=1``/``decompress=1`` block format, progress headers, streaming (request bodies and results are held in
-memory whole), ``client_protocol_version`` block info (clients detect its absence and fall back), readonly users.
+it listens on 127.0.0.1 only; ``--user`` and ``--host`` change both for the container image of
+``containers/clickhouse``, which clients reach through Docker's port mapping), TLS, the native TCP protocol,
+external data tables, ClickHouse's own ``compress=1``/``decompress=1`` block format, progress headers, streaming
+(request bodies and results are held in memory whole), ``client_protocol_version`` block info (clients detect its
+absence and fall back), readonly users.
 
 One engine serves the process (chDB allows one per process, bound to one data directory, which it locks). A
 ClickHouse session (``session_id``) gets a chDB connection of its own once it runs a statement that leaves state
@@ -82,8 +84,9 @@ from cdcsync.devstack.clickhouse_protocol import (
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], engine: Engine) -> None:
+    def __init__(self, address: tuple[str, int], engine: Engine, user: str) -> None:
         self.engine = engine
+        self.user = user
         self.display_name = socket.gethostname()
         super().__init__(address, _Handler)
 
@@ -186,16 +189,16 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _authenticate(self, params: dict[str, str]) -> None:
-        """No authentication, but no silent surprises either: only the ``default`` user exists here."""
+        """No authentication, but no silent surprises either: only one user (``default`` unless told) exists."""
         user = params.get("user") or self.headers.get("X-ClickHouse-User")
         authorization = self.headers.get("Authorization", "")
         if not user and authorization.lower().startswith("basic "):
             with contextlib.suppress(ValueError):
                 user = b64decode(authorization[6:].strip()).decode().split(":", 1)[0]
-        if user and user != USER:
+        if user and user != self.server.user:
             raise ClickHouseError(
                 AUTHENTICATION_FAILED,
-                f"{user}: Authentication failed: the cdcsync dev server only has the user '{USER}' "
+                f"{user}: Authentication failed: the cdcsync dev server only has the user '{self.server.user}' "
                 "(any password is accepted)",
             )
 
@@ -249,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
 # ------------------------------------------------------------------------------------------------- main
 
 
-def serve(port: int, data_dir: Path) -> int:
+def serve(port: int, data_dir: Path, host: str = LOOPBACK, user: str = USER) -> int:
     """Open the engine, then bind: an open port means a ready server, which is what ``wait_ready`` relies on."""
     started = time.monotonic()
     stop = threading.Event()  # first: a SIGTERM while the engine opens must still end in a clean close
@@ -262,9 +265,9 @@ def serve(port: int, data_dir: Path) -> int:
         LOG.error("cannot open the ClickHouse engine on %s: %s", data_dir, exc)
         return 1
     try:
-        server = _Server((LOOPBACK, port), engine)
+        server = _Server((host, port), engine, user)
     except OSError as exc:
-        LOG.error("cannot listen on %s:%d: %s", LOOPBACK, port, exc)
+        LOG.error("cannot listen on %s:%d: %s", host, port, exc)
         engine.close()
         return 1
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
@@ -272,7 +275,7 @@ def serve(port: int, data_dir: Path) -> int:
     LOG.info(
         "ClickHouse %s (chDB) ready at http://%s:%d, data in %s, timezone %s, started in %.2f s",
         engine.version,
-        LOOPBACK,
+        host,
         port,
         data_dir,
         engine.timezone,
@@ -293,15 +296,17 @@ def serve(port: int, data_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cdcsync.devstack.clickhouse_server",
-        description="ClickHouse HTTP interface over the chDB engine (cdcsync dev stack; no auth, loopback only).",
+        description="ClickHouse HTTP interface over the chDB engine (cdcsync dev stack; no auth, loopback by default).",
     )
-    parser.add_argument("--port", type=int, required=True, help=f"TCP port on {LOOPBACK}")
+    parser.add_argument("--port", type=int, required=True, help="TCP port")
+    parser.add_argument("--host", default=LOOPBACK, help="address to listen on (0.0.0.0 only inside a container)")
+    parser.add_argument("--user", default=USER, help="the one user name accepted (any password)")
     parser.add_argument("--data-dir", type=Path, required=True, help="where the engine keeps its databases")
     parser.add_argument("--log-level", default="INFO", help="DEBUG logs every request")
     args = parser.parse_args(argv)
     faulthandler.enable()  # a crash inside the engine then leaves its stack in the log, not just a missing process
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    return serve(args.port, args.data_dir.absolute())
+    return serve(args.port, args.data_dir.absolute(), args.host, args.user)
 
 
 if __name__ == "__main__":

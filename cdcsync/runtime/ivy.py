@@ -197,6 +197,25 @@ def _read_memo(memo: Path) -> list[Path] | None:
     return paths if all(p.is_file() for p in paths) else None
 
 
+def _extract_data(archive: tarfile.TarFile, into: Path) -> None:
+    """Extraction filters came with Python 3.11.4 (3.10.12); Debian bookworm's python3 is 3.11.2. Without them,
+    only plain files and directories that stay inside ``into`` are extracted, which is all a Maven tarball has."""
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(into, filter="data")
+        return
+    root = into.resolve()
+    members = []
+    for member in archive.getmembers():
+        target = (root / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not target.is_relative_to(root):
+            raise DependencyError(
+                f"refusing to extract {member.name!r}: not a plain file or folder inside {into}",
+                hint="remove the tarball from the cdcsync cache so that it is downloaded again",
+            )
+        members.append(member)
+    archive.extractall(into, members=members)
+
+
 def unpacked(tarball: Path, into: Path) -> Path:
     """``tarball`` extracted once under ``into`` (named after it), atomically: a half-done extraction never counts."""
     name = tarball.name.removesuffix(".tar.gz").removesuffix(".tgz")
@@ -211,7 +230,7 @@ def unpacked(tarball: Path, into: Path) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir()
         with tarfile.open(tarball) as archive:
-            archive.extractall(scratch, filter="data")
+            _extract_data(archive, scratch)
         (scratch / ".complete").touch()
         shutil.rmtree(target, ignore_errors=True)
         os.replace(scratch, target)

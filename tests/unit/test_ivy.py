@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cdcsync.core.errors import DependencyError
 from cdcsync.runtime import ivy, jars
 from cdcsync.runtime.ivy import Artifact
 
@@ -77,6 +78,27 @@ def test_a_tarball_is_unpacked_once(tmp_path: Path) -> None:
     (target / "app-1.0-runner.jar").write_bytes(b"kept")
     assert ivy.unpacked(tarball, tmp_path / "unpacked") == target
     assert (target / "app-1.0-runner.jar").read_bytes() == b"kept"  # not extracted again
+
+
+def test_without_extraction_filters_only_files_inside_the_target_are_extracted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python before 3.11.4 (Debian bookworm's 3.11.2, the local cdcsync image's) has no ``filter=``."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+
+    def tarball(name: str, member: str) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as archive:
+            info = tarfile.TarInfo(member)
+            info.size = 3
+            archive.addfile(info, io.BytesIO(b"jar"))
+        return path
+
+    target = ivy.unpacked(tarball("ok-1.0.tar.gz", "lib/ok.jar"), tmp_path / "unpacked")
+    assert (target / "lib" / "ok.jar").read_bytes() == b"jar"
+    with pytest.raises(DependencyError, match="refusing to extract"):
+        ivy.unpacked(tarball("evil-1.0.tar.gz", "../evil.jar"), tmp_path / "unpacked")
+    assert not (tmp_path / "evil.jar").exists()
 
 
 def test_spark_gets_the_connector_and_delta_as_local_jars_from_the_cdcsync_cache(
