@@ -53,6 +53,7 @@ def with_reader_timeouts(faulted: FaultWorkload) -> None:
     pipeline_file.write_text(yaml.safe_dump(pipeline, sort_keys=False))
 
 
+@pytest.mark.soak  # too heavy for make test's 25-minute budget: make soak (see docs/devstack.md)
 def test_a_broker_outage_is_ridden_out_inside_the_budget_and_stops_the_run_past_it(
     fault_workload: Callable[..., FaultWorkload], fault_stack: FaultStack, kafka_bootstrap: str, postgres_dsn: str
 ) -> None:
