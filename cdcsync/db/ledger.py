@@ -98,8 +98,9 @@ class LedgeredSink:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
 
     def record_landed(self, ledger_key: dict[str, Any], rows_written: int) -> bool:
-        """Record a batch whose target was written outside the ledger's transaction (a Delta commit), with its
-        rows, while this run still owns the pipeline; False when another attempt recorded it first."""
+        """Record a batch whose target was written outside the ledger's transaction (ClickHouse's inserts, a webhook's
+        posts, a Delta commit), with its rows, while this run still owns the pipeline; False when another attempt
+        recorded it first."""
         import psycopg
 
         try:

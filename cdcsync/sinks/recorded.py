@@ -23,24 +23,8 @@ class RecordedSink(LedgeredSink):
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the ledger already holds this batch with the same offset ranges (it landed before)."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                return not self.landed(conn, ledger_key)
-        except psycopg.Error as error:
-            raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
+        return self.not_landed(ledger_key)
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
         """Record the batch (its writes are done) in the ledger; None if another attempt recorded it first."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
-                self.enter_fence(conn)
-                if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
-                    return None
-                conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_staged})
-        except psycopg.Error as error:
-            raise self._error(f"recording batch {ledger_key['batch_id']} in the ledger", error) from None
-        return rows_staged
+        return rows_staged if self.record_landed(ledger_key, rows_staged) else None
