@@ -136,15 +136,16 @@ class SparkWorker(Service):
         return self.spawn(argv, env=_daemon_env(), detail=f"{self.cfg.spark_worker_cores} core(s)")
 
     def probe(self) -> str | None:
+        import urllib.error
         import urllib.request
 
         url = f"http://{LOOPBACK}:{self.cfg.spark_master_webui_port}/json/"
-        problem = http_probe(url)
-        if problem is not None:
-            return f"master: {problem}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=3) as response:
-            workers = json.load(response).get("workers", [])
+        try:
+            with opener.open(url, timeout=3) as response:
+                workers = json.load(response).get("workers", [])
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"master: {getattr(exc, 'reason', exc)}"
         alive = {w.get("webuiaddress") for w in workers if w.get("state") == "ALIVE"}
         return None if self.address in alive else "not registered with the master yet"
 
