@@ -586,17 +586,7 @@ class PipelineRunner:
 
     def _refresh_progress(self) -> None:
         for source_id, query in self.queries.items():
-            stats = self.handlers[source_id].stats
-            for progress in query.recentProgress:
-                batch_id = int(progress.get("batchId", -1))
-                if batch_id in stats.progress_seen:
-                    continue
-                stats.progress_seen.add(batch_id)
-                stats.rows_in += int(progress.get("numInputRows") or 0)
-                if progress.get("numInputRows"):
-                    stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
-                for source_progress in progress.get("sources") or []:
-                    stats.lag.update(_lag(source_progress))
+            record_progress(self.handlers[source_id].stats, query.recentProgress)
 
     def _raise_failures(self) -> None:
         for source_id, handler in self.handlers.items():
@@ -691,6 +681,26 @@ def decode_specs(
             decoded_id, pipeline.sources[decoded_id], schema_registry, schema.columns if schema is not None else ()
         )
     return specs
+
+
+def record_progress(stats: SourceStats, events: Iterable[dict[str, Any]]) -> None:
+    """Fold Spark's recent progress events into the source's figures: rows in once per batch, lag as of the
+    newest event (idle triggers included, so lag stays current while nothing arrives)."""
+    for progress in events:
+        for source_progress in progress.get("sources") or []:
+            stats.lag.update(_lag(source_progress))
+        batch_id = int(progress.get("batchId", -1))
+        if batch_id in stats.progress_seen or not _ran_a_batch(progress):
+            continue
+        stats.progress_seen.add(batch_id)
+        stats.rows_in += int(progress.get("numInputRows") or 0)
+        stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
+
+
+def _ran_a_batch(progress: dict[str, Any]) -> bool:
+    """Spark also reports idle triggers (no new data, every ``noDataProgressEventInterval``) under the id of the
+    batch still to come; counting one as that batch would hide the batch's own rows when it runs."""
+    return bool(progress.get("numInputRows")) or "addBatch" in (progress.get("durationMs") or {})
 
 
 def _lag(source_progress: dict[str, Any]) -> dict[str, int]:

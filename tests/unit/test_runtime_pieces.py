@@ -16,7 +16,7 @@ from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.replay import replay_batch_id
-from cdcsync.runtime.stream import _lag
+from cdcsync.runtime.stream import SourceStats, _lag, record_progress
 from cdcsync.sinks import tombstones
 from cdcsync.sinks.postgres import newest_per_key
 
@@ -167,6 +167,30 @@ def test_executor_errors_keep_their_classification() -> None:
 def test_lag_per_partition_from_progress() -> None:
     progress = {"endOffset": json.dumps({"t": {"0": 10, "1": 5}}), "latestOffset": {"t": {"0": 15, "1": 5}}}
     assert _lag(progress) == {"t/0": 5, "t/1": 0}
+
+
+def test_an_idle_trigger_does_not_hide_the_rows_of_the_batch_that_follows() -> None:
+    """Spark reports idle triggers under the id of the batch still to come (seen in the compose stack: the
+    changes-in counter stayed at the snapshot's 1000 after 11 more changes had landed)."""
+
+    def event(batch: int, rows: int, end: int) -> dict[str, object]:
+        durations = {"triggerExecution": 5, "latestOffset": 1, **({"addBatch": 40} if rows else {})}
+        offsets = {"sources": [{"endOffset": {"t": {"0": end}}, "latestOffset": {"t": {"0": end}}}]}
+        return {
+            "batchId": batch,
+            "numInputRows": rows,
+            "processedRowsPerSecond": rows / 2,
+            "durationMs": durations,
+        } | offsets
+
+    stats = SourceStats()
+    history = [event(0, 1000, 1000), event(1, 0, 1000), event(1, 0, 1000)]
+    record_progress(stats, history)
+    assert (stats.rows_in, stats.progress_seen) == (1000, {0})
+    record_progress(stats, [*history, event(1, 11, 1011), event(2, 0, 1011)])  # each poll sees the recent events
+    assert (stats.rows_in, stats.progress_seen, stats.rows_per_second) == (1011, {0, 1}, 5.5)
+    record_progress(stats, [event(1, 11, 1011), event(2, 0, 1011)])
+    assert stats.rows_in == 1011 and stats.lag == {"t/0": 0}
 
 
 def test_committed_offsets_read_from_the_checkpoint(tmp_path: Path) -> None:
