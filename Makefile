@@ -92,7 +92,7 @@ compose-check:
 
 # Images for CDCSYNC_TEST_STACK=containers and the compose stack, built here because no image registry is
 # reachable: a debootstrapped Debian base, Postgres, Kafka, Apicurio Registry, cdcsync, the chDB-based ClickHouse
-# stand-in, and for compose Kafka Connect with Debezium and curl (containers/build.py). Idempotent: images whose
+# stand-in, and for compose Kafka Connect with Debezium, curl and Prometheus (containers/build.py). Idempotent: images whose
 # inputs did not change are reused.
 container-images: jars
 	containers/dockerd-up

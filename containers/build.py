@@ -12,6 +12,7 @@
     clickhouse       base + python3 + chDB and the dev stack's ClickHouse HTTP server (NOT clickhouse-server)
     connect          jre + Kafka Connect and Debezium's Postgres connector (compose only)
     curl             base + curl (compose only)
+    prometheus       base + Debian's Prometheus 2.42, prom/prometheus's entrypoint and flags (compose only)
 
 Idempotent: every image carries the label ``org.cdcsync.build-hash``, a hash of everything it is made from (its
 directory here, the files copied in, the build arguments, the parent image's id); an image whose label matches is
@@ -189,6 +190,7 @@ def images() -> list[Image]:
             "connect", f"{PREFIX}/debezium-connect:{debezium_version}", HERE / "connect", "jre", "JRE", _connect_files
         ),
         Image("curl", f"{PREFIX}/curl:{SUITE}", HERE / "curl", parent="base"),
+        Image("prometheus", f"{PREFIX}/prometheus:{SUITE}", HERE / "prometheus", parent="base"),
     ]
 
 
