@@ -110,7 +110,7 @@ def script_problems(where: str, transform: ScriptTransform) -> list[str]:
     if transform.language != "python":
         return [
             f"{where}.language: '{transform.language}' is not supported: no JavaScript engine that cdcsync could "
-            "sandbox is bundled (docs/transforms.md#script); write the function in Python (language: python)"
+            "sandbox is bundled (docs/transforms.md#type-script); write the function in Python (language: python)"
         ]
     try:
         tree = ast.parse(transform.script, filename=path)
