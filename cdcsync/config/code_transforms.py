@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import ast
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from cdcsync.config.base import StrictModel, as_key_list
-from cdcsync.config.operators import is_secret_header
+from cdcsync.config.operators import http_headers, http_url
 
 SCRIPT_BUILTINS = (
     "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "int", "isinstance", "len",
@@ -80,24 +79,8 @@ class HandlerTransform(StrictModel):
 
     _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
-        return url
-
-    @field_validator("headers")
-    @classmethod
-    def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not name or any(ch in name for ch in ":\r\n ") or not isinstance(value, str) or "\n" in value:
-                raise ValueError(f"'{name}': header names are single words and values one line of text")
-        return headers
-
-    def shown_headers(self) -> dict[str, str]:
-        return {name: "***" if is_secret_header(name) else value for name, value in self.headers.items()}
+    _http_url = field_validator("url")(http_url)
+    _http_headers = field_validator("headers")(http_headers)
 
 
 CodeTransform = HandlerTransform | ScriptTransform

@@ -4,9 +4,8 @@ behind it filters and computes a column, into a Postgres mirror that must equal 
 
 from __future__ import annotations
 
-import http.server
+import itertools
 import json
-import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from cdcsync.devstack import workload
 from tests.e2e.conftest import Project, assert_each_batch_once, mirror_rows, orders_pipeline
+from tests.json_server import JsonServer, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -33,44 +33,23 @@ def band(amount: Decimal | str | None) -> str | None:
     return None if amount is None else "big" if Decimal(amount) >= 500 else "small"
 
 
-class FlakyEnricher(http.server.BaseHTTPRequestHandler):
-    """Answers each batch with the band of each change's amount; every third request first fails (503 or 429)."""
+def flaky_enricher() -> Callable[[Any], tuple[int, Any]]:
+    """Answers each batch with the band of each change's amount; every third request fails (503 or 429)."""
+    requests = itertools.count(1)
 
-    requests = 0
-    lock = threading.Lock()
-    rows_seen: list[dict[str, Any]] = []
+    def answer(body: Any) -> tuple[int, Any]:
+        number = next(requests)
+        if number % 3 == 0:
+            return (503 if number % 2 else 429), {"error": "try later"}
+        return 200, [{"amount_band": band(row["amount"])} for row in body]
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.lock:
-            type(self).requests += 1
-            failing = self.requests % 3 == 0
-            if not failing:
-                self.rows_seen.extend(body)
-        if failing:
-            status, answer = (503 if self.requests % 2 else 429), {"error": "try later"}
-        else:
-            status, answer = 200, [{"amount_band": band(row["amount"])} for row in body]
-        raw = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    return answer
 
 
 @pytest.fixture
-def enricher() -> Iterator[str]:
-    FlakyEnricher.requests = 0
-    FlakyEnricher.rows_seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyEnricher)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/enrich"
-    server.shutdown()
-    server.server_close()
+def enricher() -> Iterator[JsonServer]:
+    with serving(flaky_enricher()) as server:
+        yield server
 
 
 def test_handler_then_script_into_a_mirror(
@@ -79,7 +58,7 @@ def test_handler_then_script_into_a_mirror(
     kafka_bootstrap: str,
     topic_name: str,
     tmp_path: Path,
-    enricher: str,
+    enricher: JsonServer,
 ) -> None:
     load = workload.generate(800, 200, seed=16, tombstones=False)
     workload.produce(kafka_bootstrap, topic_name, load.events)
@@ -88,7 +67,7 @@ def test_handler_then_script_into_a_mirror(
         "enriched": {
             "type": "handler",
             "from": "orders",
-            "url": enricher,
+            "url": enricher.url,
             "batch_size": 40,
             "concurrency": 3,
             "retry_budget_s": 30,
@@ -128,8 +107,9 @@ def test_handler_then_script_into_a_mirror(
     assert '"Note"' not in migrations  # removed by the script's overrides
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
 
-    assert FlakyEnricher.requests > len(FlakyEnricher.rows_seen) / 40  # some requests failed and were retried
-    assert {row["_cdc_op"] for row in FlakyEnricher.rows_seen} <= {"c", "u", "r"}  # deletes are not sent
+    sent = [row for body in enricher.bodies for row in body]
+    assert len(enricher.bodies) >= 3 and {row["_cdc_op"] for row in sent} <= {"c", "u", "r"}  # no deletes sent
+    assert len(sent) > load.counts["c"] + load.counts["u"]  # each third request failed and was sent again
     expected = {
         key: {
             "id": key,

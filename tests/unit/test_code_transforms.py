@@ -3,10 +3,7 @@ starts, and what the executors make of the code's results (a local HTTP server s
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +14,7 @@ from cdcsync.config.plan import PluginStep
 from cdcsync.core.errors import ConfigError
 from cdcsync.core.reports import Kind, ReportedFailure
 from cdcsync.transforms.plugins import run_step
+from tests.json_server import Answer, serving
 
 pytestmark = pytest.mark.unit
 
@@ -203,36 +201,16 @@ def test_the_namespace_holds_only_the_allowed_builtins() -> None:
     assert run_step(fine, _changes()).column("name").to_pylist()[0] == "2True"
 
 
-Answer = Callable[[Any, dict[str, str]], tuple[int, Any]]
-
-
 @pytest.fixture
 def handler_server() -> Iterator[tuple[str, list[Any], list[Answer]]]:
-    """A local handler: each request body is recorded; ``answers`` (a queue, last one repeats) decides the reply."""
-    seen: list[Any] = []
+    """A local handler: each request body is recorded; ``answers`` (a queue, the last one repeats) decide."""
     answers: list[Answer] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            answer = answers.pop(0) if len(answers) > 1 else answers[0]
-            status, document = answer(body, dict(self.headers))
-            raw = json.dumps(document).encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+    def answer(body: Any) -> tuple[int, Any]:
+        return (answers.pop(0) if len(answers) > 1 else answers[0])(body)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/enrich", seen, answers
-    server.shutdown()
-    server.server_close()
+    with serving(answer) as server:
+        yield server.url, server.bodies, answers
 
 
 def _enrich(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -243,7 +221,7 @@ def _enrich(row: dict[str, Any]) -> dict[str, Any] | None:
 
 def test_a_handler_enriches_in_batches_and_drops_rows(handler_server: tuple[str, list[Any], list[Answer]]) -> None:
     url, seen, answers = handler_server
-    answers.append(lambda body, headers: (200, [_enrich(row) for row in body]))
+    answers.append(lambda body: (200, [_enrich(row) for row in body]))
     step = step_of({"type": "handler", "url": url, "batch_size": 2, "schema_overrides": {"score": "integer"}})
     out = run_step(step, _changes())
     assert sorted([row["id"] for row in body] for body in seen) == [[1, 2], [4]]  # the delete is not sent
@@ -264,9 +242,9 @@ def test_a_handler_one_row_per_request_retries_transient_failures(
 ) -> None:
     url, seen, answers = handler_server
     answers += [
-        lambda body, headers: (503, {"error": "busy"}),
-        lambda body, headers: (429, {"error": "slow down"}),
-        lambda body, headers: (200, _enrich(body)),
+        lambda body: (503, {"error": "busy"}),
+        lambda body: (429, {"error": "slow down"}),
+        lambda body: (200, _enrich(body)),
     ]
     step = step_of(
         {
@@ -286,22 +264,22 @@ def test_a_handler_one_row_per_request_retries_transient_failures(
 def test_handler_failures_are_classified(handler_server: tuple[str, list[Any], list[Answer]]) -> None:
     url, _, answers = handler_server
     base = {"type": "handler", "url": url, "retry_budget_s": 0}
-    answers.append(lambda body, headers: (400, {"error": "bad"}))
+    answers.append(lambda body: (400, {"error": "bad"}))
     with pytest.raises(ReportedFailure) as caught:
         run_step(step_of(base), _changes())
     assert caught.value.report.kind is Kind.REFUSED
     assert "handler transform 't'" in caught.value.report.describe() and "HTTP 400" in caught.value.report.describe()
-    answers[0] = lambda body, headers: (502, {})
+    answers[0] = lambda body: (502, {})
     with pytest.raises(ReportedFailure) as caught:
         run_step(step_of(base), _changes())
     assert caught.value.report.kind is Kind.WRITE_FAILED and caught.value.report.fields["retriable"] is True
     assert "gave up after" in caught.value.report.describe()
     for answer, expected in [
-        (lambda body, headers: (200, body[:1]), "answered an array of 1 for 3 change(s) sent"),
-        (lambda body, headers: (200, {"rows": body}), "answered a dict for 3 change(s) sent"),
-        (lambda body, headers: (200, [1, 2, 3]), "answered a int for a change"),
-        (lambda body, headers: (200, [{**r, "id": 7} for r in body]), "changed 'id' of the change with key id=1"),
-        (lambda body, headers: (200, [{**r, "amount": "lots"} for r in body]), "column 'amount' got 'lots'"),
+        (lambda body: (200, body[:1]), "answered an array of 1 for 3 change(s) sent"),
+        (lambda body: (200, {"rows": body}), "answered a dict for 3 change(s) sent"),
+        (lambda body: (200, [1, 2, 3]), "answered a int for a change"),
+        (lambda body: (200, [{**r, "id": 7} for r in body]), "changed 'id' of the change with key id=1"),
+        (lambda body: (200, [{**r, "amount": "lots"} for r in body]), "column 'amount' got 'lots'"),
     ]:
         answers[0] = answer
         with pytest.raises(ReportedFailure) as caught:
