@@ -26,7 +26,7 @@ from cdcsync.transforms.script import ScriptRunner
 if TYPE_CHECKING:
     import pyarrow as pa
 
-CODE_RUNNERS: dict[str, type[HandlerRunner | ScriptRunner]] = {"handler": HandlerRunner, "script": ScriptRunner}
+CODE_RUNNERS: dict[str, type[HandlerRunner] | type[ScriptRunner]] = {"handler": HandlerRunner, "script": ScriptRunner}
 """The built-in transforms run like plugins: each builds once per task from its step and runs the task's rows."""
 
 

@@ -21,8 +21,15 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.code_transforms import SCRIPT_BUILTINS, ScriptTransform, script_problems
+from cdcsync.config.code_transforms import (
+    JS_RUN_TIMEOUT_S,
+    SCRIPT_BUILTINS,
+    ScriptTransform,
+    javascript_context,
+    script_problems,
+)
 from cdcsync.config.plan import PluginStep
+from cdcsync.core import changes_json
 from cdcsync.core.reports import ReportedFailure, refused
 from cdcsync.transforms.code_rows import apply_results, key_text, processed_rows
 
@@ -50,8 +57,10 @@ class ScriptRunner:
     process: Callable[[dict[str, Any]], Any]
 
     @classmethod
-    def build(cls, step: PluginStep) -> ScriptRunner:
+    def build(cls, step: PluginStep) -> ScriptRunner | JavaScriptRunner:
         transform = ScriptTransform.model_validate(dict(step.options))
+        if transform.language == "javascript":
+            return JavaScriptRunner(step, transform.script)
         where = f"transforms.{step.id}"
         problems = script_problems(where, transform)
         if problems:
@@ -87,3 +96,46 @@ class ScriptRunner:
             f"{self._where}: process raised {type(error).__name__}{at}: {error} (change with key {key}, at "
             f"{position}); fix the script (transforms.{self.step.id}.script), or guard the case in it"
         )
+
+
+@dataclass
+class JavaScriptRunner:
+    """One task's V8 isolate (:func:`~cdcsync.config.code_transforms.javascript_context`): the task's rows go in as
+    JSON text, written like the handler's (:mod:`cdcsync.core.changes_json`), in one call, and come back as JSON."""
+
+    step: PluginStep
+    script: str
+
+    def run(self, table: pa.Table) -> pa.Table:
+        import orjson
+
+        where = f"script transform '{self.step.id}' (javascript)"
+        positions = processed_rows(table)
+        if not positions:
+            return apply_results(self.step, where, table, [], [], [])
+        rows = changes_json.rows(table)
+        text = changes_json.dumps([rows[i] for i in positions])
+        sent = orjson.loads(text)
+        try:
+            context = javascript_context(self.script)
+        except Exception as error:
+            raise ReportedFailure(refused(f"{where}: does not run in the sandbox: {error}")) from None
+        base, per_row = JS_RUN_TIMEOUT_S
+        call: Any = context.call  # type: ignore[attr-defined]
+        try:
+            answer = orjson.loads(call("__cdcsync_run", text.decode(), timeout_sec=base + per_row * len(sent)))
+        except Exception as error:  # the engine's: a timeout, out of memory, a result JSON cannot hold
+            raise ReportedFailure(refused(f"{where}: {type(error).__name__}: {error}")) from None
+        finally:
+            context.close()  # type: ignore[attr-defined]
+        if "failed" in answer:
+            given = sent[answer["failed"]]
+            thrown = str(answer["error"]).splitlines()
+            position = f"{given.get('_cdc_topic')}/{given.get('_cdc_partition')}@{given.get('_cdc_offset')}"
+            raise ReportedFailure(
+                refused(
+                    f"{where}: process threw {thrown[0] if thrown else '?'} (change with key "
+                    f"{key_text(self.step, given)}, at {position}); fix the script (transforms.{self.step.id}.script)"
+                )
+            )
+        return apply_results(self.step, where, table, positions, sent, answer["results"])

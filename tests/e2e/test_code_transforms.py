@@ -1,6 +1,7 @@
 """``handler`` and ``script`` transforms through the real ``cdcsync`` command: a sandbox refusal from ``validate``,
-then one run where a handler served by the test (failing now and then) enriches each change and a script chained
-behind it filters and computes a column, into a Postgres mirror that must equal the expected rows exactly."""
+then one run where a handler served by the test (failing now and then) enriches each change, a Python script
+chained behind it filters and computes a column and a JavaScript one adds another, into a Postgres mirror that must
+equal the expected rows exactly."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def process(input):
         return None
     gross = None if input['amount'] is None else (input['amount'] * Decimal('1.2')).quantize(Decimal('0.01'))
     return {'gross': gross, 'status': input['status'].upper()}
+"""
+
+
+JAVASCRIPT = """
+function process(input) {
+  return {channel: input.amount_band === 'big' ? 'sales' : 'web'};
+}
 """
 
 
@@ -81,10 +89,17 @@ def test_handler_then_script_into_a_mirror(
             "schema_overrides": {"gross": "numeric(14,2)", "Note": None},
         },
     }
+    pipeline["transforms"]["routed"] = {
+        "type": "script",
+        "from": "scored",
+        "language": "javascript",
+        "script": JAVASCRIPT,
+        "schema_overrides": {"channel": "text"},
+    }
     pipeline["sinks"] = {
         "scored_mirror": {
             "type": "postgres",
-            "from": "scored",
+            "from": "routed",
             "schema": "app",
             "table": "scored",
             "delete_mode": "hard",
@@ -117,11 +132,12 @@ def test_handler_then_script_into_a_mirror(
             "status": row["status"].upper(),
             "amount_band": band(row["amount"]),
             "gross": None if row["amount"] is None else (row["amount"] * Decimal("1.2")).quantize(Decimal("0.01")),
+            "channel": "sales" if band(row["amount"]) == "big" else "web",
         }
         for key, row in load.expected.items()
         if row["status"] != "refunded"
     }
     assert len(expected) < len(load.expected)  # the script dropped some keys
-    mirrored = mirror_rows(postgres_dsn, "app", "scored", ["id", "amount", "status", "amount_band", "gross"])
+    mirrored = mirror_rows(postgres_dsn, "app", "scored", ["id", "amount", "status", "amount_band", "gross", "channel"])
     assert mirrored == expected
     assert_each_batch_once(postgres_dsn, "e2e", ["scored_mirror"])

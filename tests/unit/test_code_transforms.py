@@ -76,10 +76,16 @@ def test_the_sandbox_refuses_at_validate_with_the_yaml_path(code: str, expected:
     assert any(p.startswith("transforms.t.script: ") and expected in p for p in found), found
 
 
-def test_javascript_and_typescript_are_refused_not_run_unsandboxed() -> None:
-    for language in ("javascript", "typescript"):
-        found = problems(doc({**script("function process(input) { return input; }"), "language": language}))
-        assert any(p.startswith(f"transforms.t.language: '{language}' is not supported") for p in found), found
+def test_typescript_is_refused_and_javascript_checked_in_its_sandbox() -> None:
+    found = problems(doc({**script("function process(input: any) { return input; }"), "language": "typescript"}))
+    assert any(p.startswith("transforms.t.language: 'typescript' is not supported") for p in found), found
+    for code, expected in [
+        ("function process(input) { return input; ", "SyntaxError: Unexpected end of input"),
+        ("const x = 1;", "defines no function `process(input)`"),
+        ("const fs = require('fs'); function process(input) { return input; }", "require is not defined"),
+    ]:
+        found = problems(doc({**script(code), "language": "javascript"}))
+        assert any(p.startswith("transforms.t.script: ") and expected in p for p in found), found
     found = problems(doc({**script("def process(input):\n    return input"), "language": "lua"}))
     assert found == ["transforms.t.language: 'lua' is not one of python, javascript, typescript"]
 
@@ -286,3 +292,35 @@ def test_handler_failures_are_classified(handler_server: tuple[str, list[Any], l
             run_step(step_of(base), _changes())
         assert caught.value.report.kind is Kind.REFUSED
         assert expected in caught.value.report.describe(), caught.value.report.describe()
+
+
+JS = """
+function process(input) {
+  if (input.name === 'bob') return null;
+  input.tier = Number(input.amount) > 1000 ? 'premium' : 'standard';
+  input.name = input.name.toUpperCase();
+  return input;
+}
+"""
+
+
+def test_a_javascript_script_runs_in_v8_like_a_python_one() -> None:
+    step = step_of(script(JS, language="javascript", schema_overrides={"tier": "text"}))
+    out = run_step(step, _changes())
+    assert out.column("_cdc_op").to_pylist() == ["c", "d", "d", "r"]
+    assert out.column("name").to_pylist() == ["ANN", None, None, "DAN"]
+    assert out.column("tier").to_pylist() == ["standard", None, None, "standard"]
+    assert [str(v) for v in out.column("amount").to_pylist() if v is not None] == ["10.50", "7.00"]  # echoed, kept
+    throws = step_of(
+        script(
+            "function process(input) {\n  if (input.id === 4) throw new Error('no four');\n  return input;\n}",
+            language="javascript",
+        )
+    )
+    with pytest.raises(ReportedFailure) as caught:
+        run_step(throws, _changes())
+    assert caught.value.report.kind is Kind.REFUSED
+    assert "process threw Error: no four (change with key id=4, at t/0@3)" in caught.value.report.describe()
+    moved = step_of(script("function process(input) { input.id = 9; return input; }", language="javascript"))
+    with pytest.raises(ReportedFailure, match="changed 'id' of the change with key id=1"):
+        run_step(moved, _changes())
