@@ -10,8 +10,9 @@ of each sink that reads them), and share one contract (docs/transforms.md#handle
 * a change the code drops (``None``, JSON ``null``) comes out as a delete of its key, like a row a SQL
   transform's WHERE rejects, so a mirror holds the code applied to each key's latest change.
 
-The script's sandbox is decided here, at validation, on the code's syntax tree (:func:`script_problems`), so a
-refusal names the YAML path before Spark starts; the executors run only code that passed it.
+A Python script's sandbox is decided here, at validation, on the code's syntax tree (:func:`script_problems`), so
+a refusal names the YAML path before Spark starts; the executors run only code that passed it. A JavaScript script
+is compiled and its top level run in a V8 isolate (:func:`javascript_context`), which is the sandbox itself.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``type: script`` on the executors: the user's ``process(input)`` applied to each change, in a restricted
-namespace.
+namespace (Python) or in a V8 isolate of its own (JavaScript, :class:`JavaScriptRunner`).
 
 The script is compiled once per task (per partition the sink writes), with builtins limited to
 :data:`~cdcsync.config.code_transforms.SCRIPT_BUILTINS` and a few value types; validation already refused imports,
