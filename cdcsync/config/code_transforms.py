@@ -18,7 +18,7 @@ is compiled and its top level run in a V8 isolate (:func:`javascript_context`), 
 from __future__ import annotations
 
 import ast
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -174,7 +174,7 @@ JS_RUN_TIMEOUT_S = (30.0, 0.01)
 """A task's call of ``process`` over its rows is stopped after this many seconds, plus this many per row."""
 
 
-def javascript_context(script: str) -> object:
+def javascript_context(script: str) -> Any:
     """A fresh V8 isolate (mini-racer) holding ``script`` and :data:`JS_ENTRY`: no modules, no network, no files,
     no host objects; raises the engine's error for code that does not compile or throws at top level."""
     from py_mini_racer import MiniRacer
@@ -201,8 +201,8 @@ def javascript_problems(script: str) -> list[str]:
         lines = [line for line in str(error).splitlines() if line.strip()]
         return [f"does not run in the sandbox: {lines[0] if lines else type(error).__name__}"]
     try:
-        if context.eval("typeof process", timeout_sec=JS_SETUP_TIMEOUT_S) != "function":  # type: ignore[attr-defined]
+        if context.eval("typeof process", timeout_sec=JS_SETUP_TIMEOUT_S) != "function":
             return ["defines no function `process(input)`"]
     finally:
-        context.close()  # type: ignore[attr-defined]
+        context.close()
     return []

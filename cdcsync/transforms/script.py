@@ -121,13 +121,12 @@ class JavaScriptRunner:
         except Exception as error:
             raise ReportedFailure(refused(f"{where}: does not run in the sandbox: {error}")) from None
         base, per_row = JS_RUN_TIMEOUT_S
-        call: Any = context.call  # type: ignore[attr-defined]
         try:
-            answer = orjson.loads(call("__cdcsync_run", text.decode(), timeout_sec=base + per_row * len(sent)))
+            answer = orjson.loads(context.call("__cdcsync_run", text.decode(), timeout_sec=base + per_row * len(sent)))
         except Exception as error:  # the engine's: a timeout, out of memory, a result JSON cannot hold
             raise ReportedFailure(refused(f"{where}: {type(error).__name__}: {error}")) from None
         finally:
-            context.close()  # type: ignore[attr-defined]
+            context.close()
         if "failed" in answer:
             given = sent[answer["failed"]]
             thrown = str(answer["error"]).splitlines()
