@@ -269,12 +269,13 @@ def test_a_handler_one_row_per_request_retries_transient_failures(
 
 def test_handler_failures_are_classified(handler_server: tuple[str, list[Any], list[Answer]]) -> None:
     url, _, answers = handler_server
-    base = {"type": "handler", "url": url, "retry_budget_s": 0}
+    base = {"type": "handler", "url": url, "retry_budget_s": 0, "headers": {"Authorization": "Bearer sekrit"}}
     answers.append(lambda body: (400, {"error": "bad"}))
     with pytest.raises(ReportedFailure) as caught:
         run_step(step_of(base), _changes())
     assert caught.value.report.kind is Kind.REFUSED
     assert "handler transform 't'" in caught.value.report.describe() and "HTTP 400" in caught.value.report.describe()
+    assert "sekrit" not in str(caught.value)
     answers[0] = lambda body: (502, {})
     with pytest.raises(ReportedFailure) as caught:
         run_step(step_of(base), _changes())
