@@ -24,6 +24,7 @@ from cdcsync.config.checks import (
     validate_entry,
     yaml_path,
 )
+from cdcsync.config.code_transforms import HandlerTransform, ScriptTransform
 from cdcsync.config.pipeline import (
     NO_COLUMNS,
     PLANNED_SINK_TYPES,
@@ -49,12 +50,14 @@ from cdcsync.config.transforms import TRANSFORM_TYPES, DynamicTable, SqlTransfor
 from cdcsync.config.types import PgType, parse_pg_type
 from cdcsync.core.errors import ConfigError
 
+ExecutorTransform = PluginTransform | HandlerTransform | ScriptTransform
+"""Transforms run on the executors inside the sinks' pass (:class:`~cdcsync.config.plan.PluginStep`)."""
 _PIPELINE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def _plan(
     sources: dict[str, KafkaSource],
-    all_transforms: dict[str, TransformModel | PluginTransform],
+    all_transforms: dict[str, TransformModel | ExecutorTransform],
     declared: set[str],
     problems: list[str],
     plugin_sources: dict[str, PluginSource],
@@ -62,8 +65,8 @@ def _plan(
     """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
     invalid = declared - set(sources) - set(all_transforms) - set(plugin_sources)
-    plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, PluginTransform)}
-    transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, PluginTransform)}
+    plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, ExecutorTransform)}
+    transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, ExecutorTransform)}
     plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
     for source_id, source in typed.items():
         check_toasted_columns(source_id, source, problems)
@@ -113,8 +116,8 @@ def _refuse_plugin_inputs(
         read = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", transform.sql)
         for plugin_id in sorted(set(read) & set(plugins)):
             problems.append(
-                f"transforms.{tid}.sql: reads plugin operator '{plugin_id}'; SQL transforms and dynamic tables read "
-                "Kafka sources and SQL transforms only (a plugin transform may read a SQL transform instead)"
+                f"transforms.{tid}.sql: reads '{plugin_id}', a plugin, handler or script operator; SQL transforms and "
+                "dynamic tables read Kafka sources and SQL transforms only (those may read a SQL transform instead)"
             )
 
 
@@ -280,7 +283,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
             elif model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
-    transforms: dict[str, TransformModel | PluginTransform] = {}
+    transforms: dict[str, TransformModel | ExecutorTransform] = {}
     raw_transforms = raw.get("transforms") or {}
     if not isinstance(raw_transforms, dict):
         problems.append("transforms: expected a mapping of id -> definition")

@@ -47,6 +47,22 @@ def is_secret_header(name: str) -> bool:
     return any(word in folded for word in _SECRET_HEADER_WORDS)
 
 
+def http_url(url: str) -> str:
+    """Validator of a ``url:`` that cdcsync POSTs to (the webhook sink, the handler transform)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    return url
+
+
+def http_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Validator of ``headers:``: names are single words, values one line of text."""
+    for name, value in headers.items():
+        if not name or any(ch in name for ch in ":\r\n ") or not isinstance(value, str) or "\n" in value:
+            raise ValueError(f"'{name}': header names are single words and values one line of text")
+    return headers
+
+
 class WebhookSink(StrictModel):
     """Batches of changes POSTed as JSON to ``url``, each request carrying an idempotency key."""
 
@@ -63,20 +79,12 @@ class WebhookSink(StrictModel):
 
     _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
-        return url
+    _http_url = field_validator("url")(http_url)
 
     @field_validator("headers")
     @classmethod
     def _header_names(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not name or any(ch in name for ch in ":\r\n ") or not isinstance(value, str) or "\n" in value:
-                raise ValueError(f"'{name}': header names are single words and values one line of text")
+        for name in http_headers(headers):
             if name.lower() == IDEMPOTENCY_HEADER.lower():
                 raise ValueError(f"'{name}' is set by cdcsync itself on every request")
         return headers

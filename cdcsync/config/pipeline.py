@@ -19,6 +19,7 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.code_transforms import CodeTransform
 from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
 from cdcsync.config.plugins import PluginSink, PluginTransform
@@ -442,7 +443,7 @@ PLANNED_SINK_TYPES = ("dynamic_table",)
 class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
-    transforms: dict[str, TransformModel | PluginTransform] = Field(default_factory=dict)
+    transforms: dict[str, TransformModel | PluginTransform | CodeTransform] = Field(default_factory=dict)
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
     plan: SkipValidation[PipelinePlan] = Field(default_factory=PipelinePlan, exclude=True)

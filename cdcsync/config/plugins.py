@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from cdcsync.config.base import StrictModel, as_key_list, did_you_mean
+from cdcsync.config.code_transforms import CodeTransform, ScriptTransform, output_problems, script_problems
 from cdcsync.config.plan import PluginSourceStep, PluginStep
 from cdcsync.config.types import PgType
 from cdcsync.core.plugins import ENTRY_POINT_GROUP, Operator, Plugin, SinkPlugin, SourcePlugin, TransformPlugin
@@ -202,17 +203,15 @@ def options_of(type_name: str, options: Mapping[str, Any]) -> Any:
 
 
 def plan_transforms(
-    transforms: Mapping[str, PluginTransform],
+    transforms: Mapping[str, PluginTransform | CodeTransform],
     columns: dict[str, dict[str, PgType]],
     primary_keys: dict[str, list[str] | None],
     invalid: set[str],
     problems: list[str],
 ) -> dict[str, PluginStep]:
-    """Plan the plugin transforms over the planned nodes (``columns``, ``primary_keys``: updated in place with
-    each planned one); those whose input is unknown, invalid or a cycle are reported (or skipped, when their input
-    was reported already) and added to ``invalid``."""
-    from cdcsync.config.types import UnknownTypeError, parse_pg_type
-
+    """Plan the plugin, handler and script transforms over the planned nodes (``columns``, ``primary_keys``:
+    updated in place with each planned one); those whose input is unknown, invalid or a cycle are reported (or
+    skipped, when their input was reported already) and added to ``invalid``."""
     steps: dict[str, PluginStep] = {}
     pending = dict(transforms)
     while pending:
@@ -221,7 +220,9 @@ def plan_transforms(
             for tid, transform in sorted(pending.items()):
                 known = sorted(columns)
                 if transform.from_ in pending:
-                    problems.append(f"transforms.{tid}.from: plugin transforms read each other in a cycle")
+                    problems.append(
+                        f"transforms.{tid}.from: plugin, handler or script transforms read each other in a cycle"
+                    )
                 else:
                     problems.append(
                         f"transforms.{tid}.from: '{transform.from_}' is not a source or transform"
@@ -236,18 +237,11 @@ def plan_transforms(
                 invalid.add(tid)
                 continue
             inputs = columns[transform.from_]
-            try:
-                operator = operator_of(transform.type)(options_of(transform.type, transform.options))
-                declared = dict(operator.output_columns({n: t.sql for n, t in inputs.items()}))  # type: ignore[attr-defined]
-                output = {name: parse_pg_type(type_text) for name, type_text in declared.items()}
-            except UnknownTypeError as error:
-                problems.append(
-                    f"{where}.type: '{transform.type}' declares an output column type cdcsync lacks: {error}"
-                )
-                invalid.add(tid)
-                continue
-            except Exception as error:  # plugin code: its failure is the pipeline's problem, reported as such
-                problems.append(f"{where}.options: '{transform.type}' refused them: {type(error).__name__}: {error}")
+            if isinstance(transform, PluginTransform):
+                output = _plugin_output(where, transform, inputs, problems)
+            else:
+                output = _code_output(where, transform, inputs, primary_keys.get(transform.from_), problems)
+            if output is None:
                 invalid.add(tid)
                 continue
             key = transform.primary_key or primary_keys.get(transform.from_) or []
@@ -256,17 +250,66 @@ def plan_transforms(
                 problems.append(f"{where}.primary_key: column(s) {', '.join(missing)} not among its output columns")
                 invalid.add(tid)
                 continue
+            options = (
+                transform.options if isinstance(transform, PluginTransform) else transform.model_dump(by_alias=True)
+            )
             steps[tid] = PluginStep(
                 id=tid,
                 input=transform.from_,
                 type=transform.type,
-                options=tuple(transform.options.items()),
+                options=tuple(options.items()),
                 primary_key=tuple(key),
                 columns=tuple(output.items()),
             )
             columns[tid] = output
             primary_keys[tid] = list(key)
     return steps
+
+
+def _plugin_output(
+    where: str, transform: PluginTransform, inputs: dict[str, PgType], problems: list[str]
+) -> dict[str, PgType] | None:
+    """A plugin transform's output columns, as its operator declares them from its input's."""
+    from cdcsync.config.types import UnknownTypeError, parse_pg_type
+
+    try:
+        operator = operator_of(transform.type)(options_of(transform.type, transform.options))
+        declared = dict(operator.output_columns({n: t.sql for n, t in inputs.items()}))  # type: ignore[attr-defined]
+        return {name: parse_pg_type(type_text) for name, type_text in declared.items()}
+    except UnknownTypeError as error:
+        problems.append(f"{where}.type: '{transform.type}' declares an output column type cdcsync lacks: {error}")
+    except Exception as error:  # plugin code: its failure is the pipeline's problem, reported as such
+        problems.append(f"{where}.options: '{transform.type}' refused them: {type(error).__name__}: {error}")
+    return None
+
+
+def _code_output(
+    where: str,
+    transform: CodeTransform,
+    inputs: dict[str, PgType],
+    input_key: list[str] | None,
+    problems: list[str],
+) -> dict[str, PgType] | None:
+    """A handler's or script's output columns: its input's with ``schema_overrides`` applied; a script that
+    cannot run in the sandbox, and overrides that touch the key, are reported."""
+    from cdcsync.config.types import UnknownTypeError, parse_pg_type
+
+    declared, found = output_problems(where, {n: t.sql for n, t in inputs.items()}, transform.schema_overrides)
+    if isinstance(transform, ScriptTransform):
+        found += script_problems(where, transform)
+    key = transform.primary_key or input_key or []
+    for name in transform.schema_overrides:
+        if name in key:
+            found.append(f"{where}.schema_overrides.{name}: '{name}' is in the key, which passes through unchanged")
+    output: dict[str, PgType] = {}
+    for name, type_text in declared.items():
+        try:
+            same = name in inputs and type_text == inputs[name].sql
+            output[name] = inputs[name] if same else parse_pg_type(type_text)
+        except UnknownTypeError as error:
+            found.append(f"{where}.schema_overrides.{name}: {error}")
+    problems.extend(found)
+    return None if found else output
 
 
 def plan_sources(

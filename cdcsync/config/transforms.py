@@ -1,4 +1,5 @@
-"""The ``transforms:`` entries of a pipeline: SQL transforms and dynamic lookup tables (Streamling's vocabulary).
+"""The ``transforms:`` entries of a pipeline: SQL transforms and dynamic lookup tables (Streamling's vocabulary);
+``handler`` and ``script`` transforms are in :mod:`cdcsync.config.code_transforms`.
 
 These models check only the shape of each entry. What the SQL means (its input, its output columns and types,
 what it is allowed to do) is decided by :mod:`cdcsync.config.compile`, which builds the
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cdcsync.config.base import StrictModel, as_key_list
+from cdcsync.config.code_transforms import CODE_TRANSFORM_TYPES
 
 
 class SqlTransform(StrictModel):
@@ -68,4 +70,8 @@ class DynamicTable(StrictModel):
 
 
 TransformModel = SqlTransform | DynamicTable
-TRANSFORM_TYPES: dict[str, type[StrictModel]] = {"sql": SqlTransform, "dynamic_table": DynamicTable}
+TRANSFORM_TYPES: dict[str, type[StrictModel]] = {
+    "sql": SqlTransform,
+    "dynamic_table": DynamicTable,
+    **CODE_TRANSFORM_TYPES,
+}

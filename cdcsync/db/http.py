@@ -1,4 +1,4 @@
-"""HTTP requests to targets (the webhook sink), each failure classified where it happens.
+"""HTTP requests to targets (the webhook sink, the handler transform), each failure classified where it happens.
 
 Transient, so retried with backoff (:mod:`cdcsync.db.retry`): a connection refused or reset, a timeout, a 5xx,
 ``408 Request Timeout`` and ``429 Too Many Requests``. Any other 4xx means the receiver refuses what was sent,
@@ -31,14 +31,18 @@ def shown_url(url: str) -> str:
 def post_json(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> int:
     """POST ``body`` (JSON) to ``url``; the status of a 2xx answer. Raises a retriable :class:`SinkError` for a
     transient failure and :class:`TargetRefused` for a refusal (see the module doc)."""
+    return exchange_json(url, body, headers, timeout_s)[0]
+
+
+def exchange_json(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
+    """:func:`post_json`, also returning the answer's body (the handler transform reads it)."""
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json", **headers}
     )
     where = f"POST {shown_url(url)}"
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-            return int(response.status)
+            return int(response.status), response.read()
     except urllib.error.HTTPError as error:
         status = error.code
         detail = _short(error.read())

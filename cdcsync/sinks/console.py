@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cdcsync.sinks import changes_json
+from cdcsync.core import changes_json
 from cdcsync.sinks.recorded import RecordedSink
 
 if TYPE_CHECKING:

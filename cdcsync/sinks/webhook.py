@@ -16,7 +16,7 @@ replayed part carries the same key and the same changes, and a receiver that kee
 every change exactly once.
 
 Body: ``{"pipeline", "sink", "batch_id", "part", "idempotency_key", "changes": [...]}``, each change as
-:mod:`cdcsync.sinks.changes_json` writes it.
+:mod:`cdcsync.core.changes_json` writes it.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdcsync.config.operators import IDEMPOTENCY_HEADER
+from cdcsync.core import changes_json
 from cdcsync.core.errors import CdcsyncError, TargetRefused
 from cdcsync.core.reports import ReportedFailure, refused, write_failed
 from cdcsync.db.http import post_json, shown_url
 from cdcsync.db.retry import RetryBudget, with_retries
-from cdcsync.sinks import changes_json
 from cdcsync.sinks.clickhouse import deduplication_token
 from cdcsync.sinks.recorded import RecordedSink
 

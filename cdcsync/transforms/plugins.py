@@ -1,5 +1,6 @@
-"""Plugin transforms at run time: a sink that reads one runs its chain of plugin transforms on each partition, on
-the executors, just before it writes (:class:`PluginChainWriter`).
+"""Plugin transforms (and the built-in ``handler`` and ``script`` transforms, planned like them) at run time: a
+sink that reads one runs its chain of plugin transforms on each partition, on the executors, just before it writes
+(:class:`PluginChainWriter`).
 
 SQL transforms run as Spark SQL over the whole batch before the sinks; plugin transforms run inside the sinks'
 single executor pass, so they cost no extra pass over the data. Each sink reading a plugin transform runs the
@@ -19,9 +20,14 @@ from cdcsync.config.pipeline import METADATA_COLUMNS
 from cdcsync.config.plan import PluginStep
 from cdcsync.config.plugins import operator_of, options_of
 from cdcsync.core.reports import ReportedFailure, write_failed
+from cdcsync.transforms.handler import HandlerRunner
+from cdcsync.transforms.script import ScriptRunner
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+CODE_RUNNERS: dict[str, type[HandlerRunner] | type[ScriptRunner]] = {"handler": HandlerRunner, "script": ScriptRunner}
+"""The built-in transforms run like plugins: each builds once per task from its step and runs the task's rows."""
 
 
 class _Writer(Protocol):
@@ -50,8 +56,13 @@ def run_step(step: PluginStep, table: pa.Table) -> pa.Table:
 
     where = f"plugin transform '{step.id}' ({step.type})"
     try:
-        operator = operator_of(step.type)(options_of(step.type, dict(step.options)))
-        outputs = [operator.process(batch) for batch in table.to_batches()]  # type: ignore[attr-defined]
+        if step.type in CODE_RUNNERS:
+            outputs = CODE_RUNNERS[step.type].build(step).run(table).to_batches()
+        else:
+            operator = operator_of(step.type)(options_of(step.type, dict(step.options)))
+            outputs = [operator.process(batch) for batch in table.to_batches()]  # type: ignore[attr-defined]
+    except ReportedFailure:
+        raise
     except Exception as error:
         raise ReportedFailure(write_failed(f"{where}: {type(error).__name__}: {error}", retriable=False)) from None
     wanted = [(name, arrow_type(pg.spark_type)) for name, pg in step.columns]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from cdcsync.core.changes_json import OP_WORDS
 from cdcsync.devstack import workload
-from cdcsync.sinks.changes_json import OP_WORDS
 from tests.e2e.conftest import Project, assert_each_batch_once, orders_pipeline, sigkill_mid_stream
 
 pytestmark = pytest.mark.e2e

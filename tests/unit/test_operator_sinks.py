@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.config.load import validate_pipeline_dict
+from cdcsync.core import changes_json
 from cdcsync.core.errors import ConfigError
 from cdcsync.core.reports import Kind, ReportedFailure
 from cdcsync.db.retry import RetryBudget
-from cdcsync.sinks import changes_json
 from cdcsync.sinks.console import PrintWriter
 from cdcsync.sinks.webhook import WebhookWriter
 

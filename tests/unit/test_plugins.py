@@ -126,7 +126,7 @@ def test_a_plugin_chain_validates_and_plans(installed: None) -> None:
                 },
                 type="blackhole",
             ),
-            "transforms.s.sql: reads plugin operator 'f'",
+            "transforms.s.sql: reads 'f', a plugin, handler or script operator",
         ),
         (
             {
