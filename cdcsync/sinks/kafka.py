@@ -115,47 +115,41 @@ class KafkaWriter:
         return table.num_rows
 
     def _transact(self, table: pa.Table) -> None:
-        from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+        from confluent_kafka import KafkaException
 
         ranges = source_ranges(table)
-        client = dict(self.client)
-        producer = Producer(
-            {
-                **client,
-                "transactional.id": transactional_id(self.pipeline, self.sink_id, list(ranges)),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 20,
-            }
-        )
-        producer.init_transactions(TIMEOUT_S)  # fences older attempts, aborts what they left open
-        consumer = Consumer(
-            {
-                **client,
-                "group.id": marker_group(self.pipeline, self.sink_id, self.checkpoint_id),
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-        )
+        txn_id = transactional_id(self.pipeline, self.sink_id, list(ranges))
+        reused = (self.client, txn_id) in _PRODUCERS
         try:
-            marks = consumer.committed([TopicPartition(t, p) for t, p in ranges], timeout=TIMEOUT_S)
-            committed = {(m.topic, m.partition): m.offset for m in marks if m.offset >= 0}
-            rows = unwritten(table, committed)
-            if rows.num_rows == 0:
-                return  # an earlier attempt committed this task's changes
-            producer.begin_transaction()
-            try:
-                for key, value, op in self._messages(rows):
-                    _produce(producer, self.topic, key, value, [(OP_HEADER, op.encode())])
-                after = [TopicPartition(t, p, last + 1) for (t, p), (_, last) in source_ranges(rows).items()]
-                producer.send_offsets_to_transaction(after, consumer.consumer_group_metadata(), TIMEOUT_S)
-                producer.commit_transaction(TIMEOUT_S)
-            except KafkaException as error:
-                if error.args and error.args[0].txn_requires_abort():
-                    producer.abort_transaction(TIMEOUT_S)
+            self._transact_with(_producer(self.client, txn_id), table)
+        except KafkaException:
+            _forget(self.client, txn_id)
+            if not reused:
                 raise
-        finally:
-            consumer.close()
+            # The process's producer may have been fenced by another worker's attempt at these partitions since
+            # its last batch; a new one (a new epoch) resolves what that attempt left, then reads the offsets.
+            self._transact_with(_producer(self.client, txn_id), table)
+
+    def _transact_with(self, producer: Any, table: pa.Table) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        consumer = _consumer(self.client, marker_group(self.pipeline, self.sink_id, self.checkpoint_id))
+        marks = consumer.committed([TopicPartition(t, p) for t, p in source_ranges(table)], timeout=TIMEOUT_S)
+        committed = {(m.topic, m.partition): m.offset for m in marks if m.offset >= 0}
+        rows = unwritten(table, committed)
+        if rows.num_rows == 0:
+            return  # an earlier attempt committed this task's changes
+        producer.begin_transaction()
+        try:
+            for key, value, op in self._messages(rows):
+                _produce(producer, self.topic, key, value, [(OP_HEADER, op.encode())])
+            after = [TopicPartition(t, p, last + 1) for (t, p), (_, last) in source_ranges(rows).items()]
+            producer.send_offsets_to_transaction(after, consumer.consumer_group_metadata(), TIMEOUT_S)
+            producer.commit_transaction(TIMEOUT_S)
+        except KafkaException as error:
+            if error.args and error.args[0].txn_requires_abort():
+                producer.abort_transaction(TIMEOUT_S)
+            raise
 
     def _messages(self, rows: pa.Table) -> list[tuple[bytes | None, bytes | None, str]]:
         shape = EventShape.of(
@@ -185,6 +179,40 @@ class KafkaWriter:
         key = client.register_schema(f"{self.topic}-key", Schema(json.dumps(shape.avro_key_schema()), "AVRO"))
         value = client.register_schema(f"{self.topic}-value", Schema(json.dumps(shape.avro_value_schema()), "AVRO"))
         return key, value
+
+
+_PRODUCERS: dict[tuple[tuple[tuple[str, str], ...], str], Any] = {}
+"""Transactional producers of this executor process by (client, transactional id): ``init_transactions`` costs
+round trips to the coordinator, so a task reuses the one of the previous batch at its partitions."""
+_CONSUMERS: dict[tuple[tuple[tuple[str, str], ...], str], Any] = {}
+"""Consumers of this process by (client, group), for reading the committed offsets and the group's metadata."""
+
+
+def _producer(client: tuple[tuple[str, str], ...], txn_id: str) -> Any:
+    from confluent_kafka import Producer
+
+    producer = _PRODUCERS.get((client, txn_id))
+    if producer is None:
+        config = {**dict(client), "transactional.id": txn_id, "enable.idempotence": True, "acks": "all"}
+        producer = Producer({**config, "linger.ms": 20})
+        producer.init_transactions(TIMEOUT_S)  # fences older attempts, aborts what they left open
+        _PRODUCERS[(client, txn_id)] = producer
+    return producer
+
+
+def _forget(client: tuple[tuple[str, str], ...], txn_id: str) -> None:
+    _PRODUCERS.pop((client, txn_id), None)
+
+
+def _consumer(client: tuple[tuple[str, str], ...], group: str) -> Any:
+    from confluent_kafka import Consumer
+
+    consumer = _CONSUMERS.get((client, group))
+    if consumer is None:
+        config = {**dict(client), "group.id": group, "enable.auto.commit": False}
+        consumer = Consumer({**config, "isolation.level": "read_committed"})
+        _CONSUMERS[(client, group)] = consumer
+    return consumer
 
 
 def _produce(producer: Any, topic: str, key: bytes | None, value: bytes | None, headers: list[Any]) -> None:

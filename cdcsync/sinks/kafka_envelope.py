@@ -320,8 +320,14 @@ class EventShape:
 
     # ---- events -----------------------------------------------------------------------------------------------
 
-    def events(self, table: pa.Table, *, avro: bool = False) -> list[tuple[dict[str, Any] | None, dict[str, Any]]]:
-        """(key, value) of each change of ``table``, in row order, with values converted for JSON (or Avro)."""
+    def events(
+        self, table: pa.Table, tombstones: bool, *, avro: bool = False
+    ) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None, str]]:
+        """(key, value, op) of each message for ``table``, in row order, values converted for JSON (or Avro).
+
+        With ``tombstones``, a delete is followed by a tombstone (value None), as Debezium's
+        ``tombstones.on.delete``; a tombstone the source read (a delete without a version,
+        :mod:`cdcsync.sinks.tombstones`) stays a tombstone, not a delete event without a position."""
         import pyarrow as pa
 
         convert = {c.name: (c.to_avro if avro else c.to_json) for c in self.columns}
@@ -330,7 +336,7 @@ class EventShape:
         versions = table.column("_cdc_version").to_pylist()
         stamps = table.column("_cdc_ts").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
         key_names = [c.name for c in self.key]
-        events: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
+        events: list[tuple[dict[str, Any] | None, dict[str, Any] | None, str]] = []
         for index, op in enumerate(ops):
             version = None if versions[index] is None else int(versions[index])
             ts_ms = None if stamps[index] is None else stamps[index] // 1000
@@ -338,23 +344,25 @@ class EventShape:
             for name, to in convert.items():
                 value = values[name][index]
                 row[name] = None if value is None else to(value)
+            key = None if op == "t" else {name: row[name] for name in key_names}
+            if op == "d" and version is None:  # a tombstone the source read
+                if tombstones and not (events and events[-1][1] is None and events[-1][0] == key):
+                    events.append((key, None, op))
+                continue
             source = {
                 **dict(self.source_base),
                 "ts_ms": ts_ms or 0,
                 "snapshot": snapshot_of(version, op),
                 "sequence": sequence_of(version, op),
             }
-            if op == "t":
-                events.append((None, {"before": None, "after": None, "source": source, "op": op, "ts_ms": ts_ms}))
-                continue
-            key = {name: row[name] for name in key_names}
-            before, after = (row, None) if op == "d" else (None, row)
-            events.append((key, {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms}))
+            before, after = (row, None) if op == "d" else (None, None) if op == "t" else (None, row)
+            events.append((key, {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms}, op))
+            if op == "d" and tombstones:
+                events.append((key, None, op))
         return events
 
     def json_messages(self, table: pa.Table, tombstones: bool) -> list[tuple[bytes | None, bytes | None, str]]:
-        """(key, value, op) of each Kafka message for ``table``: JsonConverter's bytes; a tombstone (value None)
-        after each delete when ``tombstones``."""
+        """(key, value, op) of each Kafka message for ``table`` (see :meth:`events`): JsonConverter's bytes."""
         import orjson
 
         key_schema = self.connect_key_schema() if self.schemas else None
@@ -363,13 +371,10 @@ class EventShape:
         def dump(schema: dict[str, Any] | None, payload: Any) -> bytes:
             return orjson.dumps({"schema": schema, "payload": payload} if schema is not None else payload)
 
-        messages: list[tuple[bytes | None, bytes | None, str]] = []
-        for key, value in self.events(table):
-            key_bytes = None if key is None else dump(key_schema, key)
-            messages.append((key_bytes, dump(value_schema, value), value["op"]))
-            if tombstones and value["op"] == "d":
-                messages.append((key_bytes, None, "d"))
-        return messages
+        return [
+            (None if key is None else dump(key_schema, key), None if value is None else dump(value_schema, value), op)
+            for key, value, op in self.events(table, tombstones)
+        ]
 
     def avro_messages(
         self, table: pa.Table, tombstones: bool, key_id: int, value_id: int
@@ -379,13 +384,10 @@ class EventShape:
 
         key_writer = _avro_writer(fastavro.parse_schema(self.avro_key_schema()), key_id)
         value_writer = _avro_writer(fastavro.parse_schema(self.avro_value_schema()), value_id)
-        messages: list[tuple[bytes | None, bytes | None, str]] = []
-        for key, value in self.events(table, avro=True):
-            key_bytes = None if key is None else key_writer(key)
-            messages.append((key_bytes, value_writer(value), value["op"]))
-            if tombstones and value["op"] == "d":
-                messages.append((key_bytes, None, "d"))
-        return messages
+        return [
+            (None if key is None else key_writer(key), None if value is None else value_writer(value), op)
+            for key, value, op in self.events(table, tombstones, avro=True)
+        ]
 
 
 def _avro_writer(parsed: Any, schema_id: int) -> Callable[[dict[str, Any]], bytes]:

@@ -236,3 +236,20 @@ def test_kafka_sink_needs_a_key() -> None:
     with pytest.raises(ConfigError) as caught:
         validate_pipeline_dict(doc)
     assert any(p.startswith("sinks.out.primary_key: required") for p in caught.value.problems), caught.value.problems
+
+
+def test_a_tombstone_the_source_read_stays_a_tombstone_and_follows_its_delete_once() -> None:
+    table = changes()
+    tombstone = table.slice(3, 1).to_pylist()[0] | {"_cdc_version": None, "_cdc_offset": 9}
+    rows = pa.concat_tables([table.slice(0, 4), pa.Table.from_pylist([tombstone, tombstone], schema=table.schema)])
+    events = shape(rows).events(rows, tombstones=True)
+    assert [(op, value is None) for _, value, op in events] == [
+        ("r", False),
+        ("c", False),
+        ("u", False),
+        ("d", False),
+        ("d", True),  # one tombstone after the delete, not one per tombstone row of the same key in a row
+    ]
+    lone = shape(rows).events(rows.slice(4, 1), tombstones=True)
+    assert lone == [({"id": 1}, None, "d")]
+    assert shape(rows).events(rows.slice(3, 2), tombstones=False) == shape(rows).events(rows.slice(3, 1), False)
