@@ -340,6 +340,12 @@ def check_sinks(
             seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
+        if isinstance(sink, KafkaSink) and plan.source_of_node.get(sink.from_, sink.from_) in plan.plugin_sources:
+            problems.append(
+                f"sinks.{sink_id}.from: a kafka sink reads Kafka sources (directly or through transforms), not "
+                f"plugin source '{plan.source_of_node.get(sink.from_, sink.from_)}': its transactions record how far "
+                "it got per source Kafka partition"
+            )
         if isinstance(sink, OperatorSink | PluginSink):
             continue  # owns no table
         if isinstance(sink, DeltaSink):
