@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.core.errors import UserError
-from cdcsync.sinks.kafka import KafkaWriter, ensure_topic, transactional_id
+from cdcsync.sinks.kafka import KafkaWriter, ensure_topic, source_ranges, transactional_id
 from cdcsync.sinks.kafka_envelope import OP_HEADER
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 
@@ -175,3 +175,43 @@ def test_avro_events_register_their_schemas(kafka_bootstrap: str, schema_registr
     assert messages[0].value()[1:5] == value.schema_id.to_bytes(4, "big")
     assert messages[0].key()[1:5] == key.schema_id.to_bytes(4, "big")
     assert json.loads(value.schema.schema_str)["name"] == "Envelope"
+
+
+def _partition_summary(batches: Any) -> Any:
+    import pyarrow.compute as pc
+    from pyspark import TaskContext
+
+    batches = [batch for batch in batches if batch.num_rows]
+    if not batches:
+        return
+    table = pa.Table.from_batches(batches)
+    task = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    for (topic, partition), _ in source_ranges(table).items():
+        rows = table.filter(
+            pc.and_(pc.equal(table.column("_cdc_topic"), topic), pc.equal(table.column("_cdc_partition"), partition))
+        )
+        offsets = rows.column("_cdc_offset").to_pylist()
+        yield pa.RecordBatch.from_pylist(
+            [{"task": task, "topic": topic, "partition": partition, "offsets": offsets}],
+            schema=pa.schema(
+                [
+                    ("task", pa.int32()),
+                    ("topic", pa.string()),
+                    ("partition", pa.int32()),
+                    ("offsets", pa.list_(pa.int64())),
+                ]
+            ),
+        )
+
+
+def test_a_transforms_rows_reach_a_kafka_sink_as_whole_source_partitions_in_offset_order(spark: Any) -> None:
+    """A transform's shuffle can split a source partition over tasks; the kafka sink's input is repartitioned so
+    each task holds whole source partitions (its transaction records progress per source partition)."""
+    from cdcsync.engine.graph import by_source_partition
+
+    rows = [("up", p, o) for p in range(3) for o in range(40)]
+    shuffled = spark.createDataFrame(rows, "_cdc_topic string, _cdc_partition int, _cdc_offset bigint").repartition(5)
+    ddl = "task int, topic string, partition int, offsets array<bigint>"
+    summary = by_source_partition(shuffled).mapInArrow(_partition_summary, ddl).collect()
+    assert sorted((row["topic"], row["partition"]) for row in summary) == [("up", 0), ("up", 1), ("up", 2)]
+    assert all(row["offsets"] == list(range(40)) for row in summary)
