@@ -9,7 +9,6 @@ All three mirrors must equal the source (versions included: the events carry the
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -18,35 +17,12 @@ import yaml
 
 from cdcsync.devstack import workload
 from cdcsync.sinks.kafka_envelope import OP_HEADER
-from tests.conftest import run_env
+from tests.conftest import read_topic, run_env
 from tests.e2e.conftest import Project, assert_each_batch_once, mirror_rows, orders_pipeline, sigkill_mid_stream
 
 pytestmark = pytest.mark.e2e
 
 COLUMNS = [*workload.ORDERS_COLUMNS, "_cdc_version"]
-
-
-def read_committed(bootstrap: str, topic: str) -> list[Any]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"check-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    messages: list[Any] = []
-    idle = 0
-    while idle < 2:
-        batch = consumer.consume(1000, timeout=1.0)
-        idle = 0 if batch else idle + 1
-        messages += [m for m in batch if m.error() is None]
-    consumer.close()
-    return messages
 
 
 def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
@@ -79,7 +55,7 @@ def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
 
     # Each change once for a read_committed consumer, keyed like Debezium, op in the header, tombstones after deletes.
     changes = load.counts["c"] + load.counts["u"] + load.counts["d"]
-    messages = read_committed(kafka_bootstrap, out_json)
+    messages = read_topic(kafka_bootstrap, out_json)
     events = [(m, json.loads(m.value())["payload"]) for m in messages if m.value() is not None]
     assert len(events) == changes
     assert len({(e["source"]["sequence"], m.key()) for m, e in events}) == changes, "a change appears twice"
@@ -94,7 +70,7 @@ def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
             assert last_event.get((m.partition(), m.key())) == "d", "a tombstone of a key that was not deleted"
         else:
             last_event[(m.partition(), m.key())] = json.loads(m.value())["payload"]["op"]
-    avro_messages = read_committed(kafka_bootstrap, out_avro)
+    avro_messages = read_topic(kafka_bootstrap, out_avro)
     assert len(avro_messages) == len(messages) and all(m.value() is None or m.value()[0] == 0 for m in avro_messages)
 
     # A second cdcsync pipeline reads both topics as Debezium sources.

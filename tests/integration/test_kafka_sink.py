@@ -17,6 +17,7 @@ from cdcsync.core.errors import UserError
 from cdcsync.sinks.kafka import KafkaWriter, ensure_topic, source_ranges, transactional_id
 from cdcsync.sinks.kafka_envelope import OP_HEADER
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+from tests.conftest import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -80,29 +81,6 @@ def writer(bootstrap: str, topic: str, checkpoint: str, **extra: Any) -> KafkaWr
     return KafkaWriter(**settings)
 
 
-def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex}",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    messages: list[Any] = []
-    idle = 0
-    while idle < 3:
-        batch = consumer.consume(500, timeout=1.0)
-        idle = 0 if batch else idle + 1
-        messages += [m for m in batch if m.error() is None]
-    consumer.close()
-    return messages
-
-
 def test_a_replayed_task_writes_nothing_again_and_each_change_is_read_once(kafka_bootstrap: str) -> None:
     topic = f"sink.out_{uuid.uuid4().hex[:8]}"
     ensure_topic({"bootstrap.servers": kafka_bootstrap}, topic, 2, "out")
@@ -112,7 +90,7 @@ def test_a_replayed_task_writes_nothing_again_and_each_change_is_read_once(kafka
     assert write.stage(first) == 4  # the replay of the same task: the committed offsets say it is in the topic
     later = changes(5, "uu")
     assert write.stage(later) == 2
-    messages = read_all(kafka_bootstrap, topic)
+    messages = read_topic(kafka_bootstrap, topic)
     values = [json.loads(m.value()) if m.value() is not None else None for m in messages]
     assert len(messages) == 7  # 6 changes and one tombstone: nothing twice
     assert sorted(v["payload"]["source"]["sequence"] for v in values if v) == sorted(
@@ -123,7 +101,7 @@ def test_a_replayed_task_writes_nothing_again_and_each_change_is_read_once(kafka
     assert all(json.loads(k)["payload"]["id"] in (0, 1, 2) for k in keyed)
     # Another checkpoint (after `cdcsync reset`) starts over: the same offsets are written again.
     assert writer(kafka_bootstrap, topic, "cp2", sink_id=write.sink_id).stage(first) == 4
-    assert len(read_all(kafka_bootstrap, topic)) == 12
+    assert len(read_topic(kafka_bootstrap, topic)) == 12
 
 
 def test_a_zombie_producer_of_the_same_task_is_fenced(kafka_bootstrap: str) -> None:
@@ -141,12 +119,12 @@ def test_a_zombie_producer_of_the_same_task_is_fenced(kafka_bootstrap: str) -> N
     assert write.stage(changes(1, "cc")) == 2  # its init_transactions aborts the zombie's open transaction
     with pytest.raises(KafkaException):
         zombie.commit_transaction(10)
-    assert [m.value() for m in read_all(kafka_bootstrap, topic)].count(b"zombie") == 0
+    assert [m.value() for m in read_topic(kafka_bootstrap, topic)].count(b"zombie") == 0
     # Another worker's attempt at the same partitions fences this process's cached producer: the next task here
     # starts a new one and carries on.
     Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": zombie_id}).init_transactions(30)
     assert write.stage(changes(2, "cuu")) == 3  # offset 2 is in the topic already: only 3 and 4 are written
-    values = [json.loads(m.value())["payload"] for m in read_all(kafka_bootstrap, topic)]
+    values = [json.loads(m.value())["payload"] for m in read_topic(kafka_bootstrap, topic)]
     assert [v["source"]["sequence"] for v in values] == [f'["1","{offset}"]' for offset in (1, 2, 3, 4)]
 
 
@@ -167,7 +145,7 @@ def test_avro_events_register_their_schemas(kafka_bootstrap: str, schema_registr
     access = SchemaRegistryAccess(schema_registry_url)
     write = writer(kafka_bootstrap, topic, "cp1", data_format="avro", registry=access)
     assert write.stage(changes(0, "cd")) == 2
-    messages = read_all(kafka_bootstrap, topic)
+    messages = read_topic(kafka_bootstrap, topic)
     assert len(messages) == 3 and messages[2].value() is None  # the tombstone
     registry = SchemaRegistryClient({"url": schema_registry_url})
     value = registry.get_latest_version(f"{topic}-value")
