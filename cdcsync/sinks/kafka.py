@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import ServiceError, UserError
-from cdcsync.core.reports import ReportedFailure, write_failed
+from cdcsync.core.reports import ReportedFailure, refused, write_failed
 from cdcsync.sinks.kafka_envelope import OP_HEADER, EventShape
 from cdcsync.sinks.recorded import RecordedSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
@@ -111,7 +111,9 @@ class KafkaWriter:
         except ReportedFailure:
             raise
         except Exception as error:  # confluent_kafka.KafkaException and what the registry client raises
-            raise ReportedFailure(write_failed(f"{doing}: {_reason(error)}", retriable=_retriable(error))) from None
+            if _refused(error):
+                raise ReportedFailure(refused(f"{doing}: {_reason(error)}")) from None
+            raise ReportedFailure(write_failed(f"{doing}: {_reason(error)}", retriable=True)) from None
         return table.num_rows
 
     def _transact(self, table: pa.Table) -> None:
@@ -181,6 +183,10 @@ class KafkaWriter:
         return key, value
 
 
+TRANSACTION_TIMEOUT_MS = 300_000
+"""How long a task's transaction may stay open before the broker aborts it (librdkafka's default is 60 s, short for a
+large batch on a loaded executor; the broker's ``transaction.max.timeout.ms`` defaults to 15 minutes)."""
+
 _PRODUCERS: dict[tuple[tuple[tuple[str, str], ...], str], Any] = {}
 """Transactional producers of this executor process by (client, transactional id): ``init_transactions`` costs
 round trips to the coordinator, so a task reuses the one of the previous batch at its partitions."""
@@ -193,7 +199,13 @@ def _producer(client: tuple[tuple[str, str], ...], txn_id: str) -> Any:
 
     producer = _PRODUCERS.get((client, txn_id))
     if producer is None:
-        config = {**dict(client), "transactional.id": txn_id, "enable.idempotence": True, "acks": "all"}
+        config = {
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,  # under the options: a user's own value wins
+            **dict(client),
+            "transactional.id": txn_id,
+            "enable.idempotence": True,
+            "acks": "all",
+        }
         producer = Producer({**config, "linger.ms": 20})
         producer.init_transactions(TIMEOUT_S)  # fences older attempts, aborts what they left open
         _PRODUCERS[(client, txn_id)] = producer
@@ -229,12 +241,25 @@ def _reason(error: BaseException) -> str:
     return str(detail.str()) if hasattr(detail, "str") else str(detail)
 
 
-def _retriable(error: BaseException) -> bool:
+def _refused(error: BaseException) -> bool:
+    """Whether trying again cannot help: a producer setting librdkafka rejects, the broker's authorization, or a
+    schema the registry will not take (incompatible with the subject's). Anything else (a broker or registry
+    away, a fenced or aborted transaction) may well pass on the next attempt, with a new producer."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(error, SchemaRegistryError):
+        return error.http_status_code in (401, 403, 409, 422)
     detail = error.args[0] if error.args else None
-    if hasattr(detail, "fatal") and hasattr(detail, "retriable"):
-        # Fenced or fatal: this attempt is over, a new one (a new producer) may well succeed.
-        return True
-    return not isinstance(error, ValueError | TypeError)
+    if isinstance(detail, KafkaError):
+        return detail.code() in (
+            KafkaError._INVALID_ARG,
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        )
+    return isinstance(error, ValueError | TypeError)
 
 
 class KafkaTableSink(RecordedSink):

@@ -253,3 +253,27 @@ def test_a_tombstone_the_source_read_stays_a_tombstone_and_follows_its_delete_on
     lone = shape(rows).events(rows.slice(4, 1), tombstones=True)
     assert lone == [({"id": 1}, None, "d")]
     assert shape(rows).events(rows.slice(3, 2), tombstones=False) == shape(rows).events(rows.slice(3, 1), False)
+
+
+def test_a_producer_setting_librdkafka_rejects_is_a_refusal_not_a_retry() -> None:
+    from cdcsync.core.reports import Kind, ReportedFailure
+    from cdcsync.sinks.kafka import KafkaWriter
+
+    writer = KafkaWriter(
+        topic="out",
+        data_format="json",
+        json_schemas=True,
+        tombstones=True,
+        key=("id",),
+        client=(("bootstrap.servers", "127.0.0.1:9"), ("no.such.property", "x")),
+        registry=None,
+        pipeline="p",
+        sink_id="out",
+        input_id="orders",
+        checkpoint_id="cp",
+        batch_id=4,
+    )
+    with pytest.raises(ReportedFailure) as caught:
+        writer.stage(changes())
+    assert caught.value.report.kind == Kind.REFUSED
+    assert "sink 'out': writing batch 4 to topic out" in str(caught.value) and "no.such.property" in str(caught.value)
