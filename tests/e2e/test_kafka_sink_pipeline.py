@@ -50,6 +50,9 @@ def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
     assert len(killed_at.get("mirror", [])) < 6, "the kill came after the stream was drained"
     project.cdcsync("run", str(project.pipeline_file), "--available-now")
     assert_each_batch_once(postgres_dsn, "up", upstream["sinks"])
+    status = project.cdcsync("status", str(project.pipeline_file)).stdout
+    to_json = next(line for line in status.splitlines() if line.lstrip("│ ").startswith("to_json"))
+    assert "kafka topic" in to_json and f"{len(load.events):,}" in to_json  # tombstones read are rows too
     mirror = mirror_rows(postgres_dsn, "up", "orders", COLUMNS)
     assert {k: {c: v for c, v in row.items() if c != "_cdc_version"} for k, row in mirror.items()} == load.expected
 
