@@ -381,9 +381,7 @@ def plugins() -> None:
     registry = installed()
     table = Table("type", "kind", "package", "what it does")
     for op_id, found in sorted(registry.operators.items()):
-        table.add_row(
-            Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary)
-        )
+        table.add_row(Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary))
     if registry.operators:
         out.print(table)
     else:

@@ -309,6 +309,31 @@ def topic_name() -> str:
     return f"test.public.orders_{uuid.uuid4().hex[:10]}"
 
 
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """Every message of ``topic``, partition by partition in offset order, as a consumer with ``isolation`` (Kafka's
+    ``isolation.level``) sees it; stops after two idle seconds."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    messages: list[Any] = []
+    idle = 0
+    while idle < 2:
+        batch = consumer.consume(1000, timeout=1.0)
+        idle = 0 if batch else idle + 1
+        messages += [m for m in batch if m.error() is None]
+    consumer.close()
+    return messages
+
+
 TEST_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 """Spark as the tests run it: the JIT's first tier only. A test's JVM lives for seconds over small batches, where
 the optimising compiler costs more CPU than it gives back (about 2 s of each Spark start on 2 cores); production

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from cdcsync.config import toast
 from cdcsync.config.aggregate import resolve as resolve_aggregation
 from cdcsync.config.base import StrictModel, did_you_mean
-from cdcsync.config.operators import OperatorSink
+from cdcsync.config.operators import KafkaSink, OperatorSink
 from cdcsync.config.pipeline import (
     METADATA_COLUMNS,
     POSTGRES_MAX_IDENTIFIER,
@@ -185,7 +185,12 @@ def _check_sink(pipeline_name: str, sink_id: str, sink: SinkModel, inputs: Input
         for column in sink.primary_key or []:
             if column not in inputs.columns[sink.from_]:
                 problems.append(f"{where}.primary_key: column '{column}' is not in {inputs.describe(sink.from_)}")
-        return  # owns no table: needs no key, and no internal tables
+        if isinstance(sink, KafkaSink) and not (sink.primary_key or inputs.primary_keys[sink.from_]):
+            problems.append(
+                f"{where}.primary_key: required, because {inputs.describe(sink.from_)} declares no primary_key "
+                "(every message is keyed by it, as Debezium keys its topics)"
+            )
+        return  # owns no table: needs no key (a kafka sink: for its messages only), and no internal tables
     columns = inputs.columns[sink.from_]
     described = inputs.describe(sink.from_)
     key = sink.primary_key or inputs.primary_keys[sink.from_]
@@ -335,6 +340,12 @@ def check_sinks(
             seen_tables[("pg", spec.schema, spec.table)] = f"dynamic table '{table_id}'"
     for sink_id, sink in sinks.items():
         _check_sink(pipeline_name, sink_id, sink, inputs, problems)
+        if isinstance(sink, KafkaSink) and plan.source_of_node.get(sink.from_, sink.from_) in plan.plugin_sources:
+            problems.append(
+                f"sinks.{sink_id}.from: a kafka sink reads Kafka sources (directly or through transforms), not "
+                f"plugin source '{plan.source_of_node.get(sink.from_, sink.from_)}': its transactions record how far "
+                "it got per source Kafka partition"
+            )
         if isinstance(sink, OperatorSink | PluginSink):
             continue  # owns no table
         if isinstance(sink, DeltaSink):

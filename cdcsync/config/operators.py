@@ -1,4 +1,4 @@
-"""Sinks that own no table: ``print``, ``blackhole`` and ``webhook`` (Streamling's names and keys).
+"""Sinks that own no table: ``print``, ``blackhole``, ``webhook`` and ``kafka`` (Streamling's names and keys).
 
 They need no migration and no target database; their driver side still records every batch in the ledger, so a
 checkpoint is checked against them like any sink's, and a replayed batch that landed is skipped. What each
@@ -7,6 +7,7 @@ guarantees is stated in docs/sinks.md.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -93,9 +94,60 @@ class WebhookSink(StrictModel):
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 """The request header naming (pipeline, sink, checkpoint, batch, part): the same on every replay of that part."""
 
-OperatorSink = PrintSink | BlackholeSink | WebhookSink
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+KAFKA_SINK_OWN_OPTIONS = frozenset(
+    {"bootstrap.servers", "transactional.id", "enable.idempotence", "acks", "isolation.level", "group.id"}
+)
+"""Producer keys cdcsync sets itself: the transactions the sink's guarantee rests on need them as they are."""
+
+
+class KafkaSink(StrictModel):
+    """Changes written to ``topic`` as Debezium change events, keyed by the primary key, one Kafka transaction
+    per task of a micro-batch (see :mod:`cdcsync.sinks.kafka`)."""
+
+    type: Literal["kafka"]
+    from_: str = Field(alias="from", min_length=1)
+    topic: str = Field(min_length=1)
+    data_format: Literal["json", "avro"] = "json"
+    """``json``: Kafka Connect's JsonConverter shape; ``avro``: the Confluent wire format, schemas registered in the
+    schema registry the sources use (``CDCSYNC__SCHEMA_REGISTRY__*``), subjects ``<topic>-key`` / ``<topic>-value``."""
+    json_schemas: bool = True
+    """``json`` only: wrap each key and value as ``{"schema", "payload"}`` (JsonConverter's ``schemas.enable``, its
+    default), so a consumer reads exact types (decimal scale, timestamp units) without being told the columns."""
+    topic_partitions: int = Field(default=1, gt=0)
+    """Partitions of the topic when ``run`` creates it; an existing topic with fewer is refused."""
+    tombstones_after_delete: bool = True
+    """Follow each delete with a tombstone (the key, a null value), as Debezium's ``tombstones.on.delete``."""
+    primary_key: list[str] | None = None
+    """The message key's columns; defaults to the input's primary key."""
+    bootstrap_servers: str | None = None
+    """Defaults to ``CDCSYNC__KAFKA__BOOTSTRAP_SERVERS`` (the brokers the sources read)."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """Native producer keys (``security.protocol``, ``compression.type`` ...), verbatim, over the settings'
+    ``kafka.options``; not the keys in :data:`KAFKA_SINK_OWN_OPTIONS`."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(as_key_list)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_name(cls, topic: str) -> str:
+        if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+            raise ValueError(f"{topic!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; at most 249)")
+        return topic
+
+    @field_validator("options")
+    @classmethod
+    def _own_options(cls, options: dict[str, str]) -> dict[str, str]:
+        for name in options:
+            if name in KAFKA_SINK_OWN_OPTIONS:
+                raise ValueError(f"'{name}' is set by cdcsync itself (its transactions rest on it)")
+        return options
+
+
+OperatorSink = PrintSink | BlackholeSink | WebhookSink | KafkaSink
 OPERATOR_SINK_TYPES: dict[str, type[StrictModel]] = {
     "print": PrintSink,
     "blackhole": BlackholeSink,
     "webhook": WebhookSink,
+    "kafka": KafkaSink,
 }

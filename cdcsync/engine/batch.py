@@ -28,6 +28,7 @@ from cdcsync.sinks import key_moves
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.delta import DeltaTableSink
+from cdcsync.sinks.kafka import KafkaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -44,11 +45,19 @@ _COUNTS_SCHEMA = "sink int, rows bigint, report string"
 """Rows staged per sink, or one row with the encoded :class:`~cdcsync.core.reports.Report` that stops the batch."""
 
 BatchSink = (
-    PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink | DeltaTableSink
+    PostgresUpsertSink
+    | ClickHouseTableSink
+    | ConsoleTableSink
+    | WebhookTableSink
+    | KafkaTableSink
+    | PluginTableSink
+    | DeltaTableSink
 )
 """Driver side of a sink: ``ledger_key``, ``prepare``, then ``stage_writer`` and ``merge`` (executors write), or
 ``merge_changes`` (a Delta sink: the driver's MERGE reads the batch's DataFrame, see :mod:`cdcsync.engine.graph`)."""
-ExecutorSink = PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | PluginTableSink
+ExecutorSink = (
+    PostgresUpsertSink | ClickHouseTableSink | ConsoleTableSink | WebhookTableSink | KafkaTableSink | PluginTableSink
+)
 
 
 class ExecutorWriter(Protocol):

@@ -46,6 +46,7 @@ from cdcsync.engine.batch import (
     writer_for,
 )
 from cdcsync.sinks.delta import DeltaTableSink
+from cdcsync.sinks.kafka import KafkaTableSink
 from cdcsync.sources.debezium.dispatch import output_spark_schema
 from cdcsync.sources.debezium.spec import output_arrow_schema
 from cdcsync.sources.kafka import DecodeTask, decoder_input
@@ -169,6 +170,14 @@ def _register_views(
             raise AssertionError(f"transform graph of source '{graph.source_id}' has a cycle; validation missed it")
 
 
+def by_source_partition(rows: DataFrame) -> DataFrame:
+    """``rows`` with each source partition's changes in one task, in offset order: a kafka sink's task keeps its
+    progress per source partition (:mod:`cdcsync.sinks.kafka`), which a transform's shuffle could split."""
+    return rows.repartition("_cdc_topic", "_cdc_partition").sortWithinPartitions(
+        "_cdc_topic", "_cdc_partition", "_cdc_offset"
+    )
+
+
 def land_graph_batch(
     raw: DataFrame,
     batch_id: int,
@@ -199,9 +208,10 @@ def land_graph_batch(
             by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
         for node, sink_ids in by_node.items():
             task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
-            staged.update(
-                zip(sink_ids, stage(spark.table(input_view(node)), task, batch_id, pipeline_file), strict=True)
-            )
+            rows = spark.table(input_view(node))
+            if any(isinstance(written[s], KafkaTableSink) for s in sink_ids):
+                rows = by_source_partition(rows)
+            staged.update(zip(sink_ids, stage(rows, task, batch_id, pipeline_file), strict=True))
         staged_at = time.monotonic()
         outcome.update(merge_all(written, keys, staged))
         for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver

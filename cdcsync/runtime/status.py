@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cdcsync.config.operators import OperatorSink, WebhookSink
+from cdcsync.config.operators import KafkaSink, OperatorSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, Pipeline, PostgresAggregateSink
 from cdcsync.config.plugins import PluginSink
 from cdcsync.config.settings import Settings, redact_dsn
@@ -227,5 +227,9 @@ def _operator_status(conn: Any, pipeline: str, sink_id: str, sink: OperatorSink 
     values = {"pipeline": pipeline, "sink": sink_id}
     last = conn.execute(render("postgres/runtime/ledger_last_batch.sql.j2"), values).fetchone()
     total = conn.execute(render("postgres/runtime/ledger_rows_total.sql.j2"), values).fetchone()
-    target = shown_url(sink.url) if isinstance(sink, WebhookSink) else sink.type
+    target = sink.type
+    if isinstance(sink, WebhookSink):
+        target = shown_url(sink.url)
+    elif isinstance(sink, KafkaSink):
+        target = f"kafka topic {sink.topic}"
     return SinkStatus(sink_id, target, last[0] if last else None, last[1] if last else None, int(total[0]))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from cdcsync.config.operators import BlackholeSink, PrintSink, WebhookSink
+from cdcsync.config.operators import BlackholeSink, KafkaSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, KafkaSource, Pipeline, SourceSchema
 from cdcsync.config.plugins import PluginSink
 from cdcsync.config.routing import evolved_lookup, table_source_id
@@ -58,6 +58,7 @@ from cdcsync.runtime.metrics import Durations, Health
 from cdcsync.sinks.clickhouse import ClickHouseTableSink
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.delta import DeltaTableSink
+from cdcsync.sinks.kafka import KafkaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
@@ -633,6 +634,8 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
             sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
         elif isinstance(sink, WebhookSink):
             sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
+        elif isinstance(sink, KafkaSink):
+            sinks[sink_id] = KafkaTableSink(pipeline, sink_id, sink, dsn, settings)
         elif isinstance(sink, PluginSink):
             sinks[sink_id] = PluginTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
         else:

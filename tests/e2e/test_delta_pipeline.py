@@ -18,7 +18,10 @@ from tests.conftest import DebeziumSource
 from tests.e2e.conftest import Project, assert_each_batch_once, sigkill_mid_stream
 from tests.e2e.test_debezium_source import COLUMNS, CREATE_TABLE, TABLE, Workload, table_rows
 
-pytestmark = [pytest.mark.e2e, pytest.mark.soak]  # too heavy for make test's 25-minute budget: make soak (see docs/devstack.md)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.soak,
+]  # too heavy for make test's 25-minute budget: make soak (see docs/devstack.md)
 
 
 def pipeline(topic: str, lake: str) -> dict[str, Any]:

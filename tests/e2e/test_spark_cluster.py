@@ -22,7 +22,10 @@ from cdcsync.devstack.service import Service
 from cdcsync.devstack.spark import SparkWorker, services
 from tests.e2e.conftest import Project, assert_each_batch_once, ledger_batches, mirror_rows, orders_pipeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.soak]  # too heavy for make test's 25-minute budget: make soak (see docs/devstack.md)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.soak,
+]  # too heavy for make test's 25-minute budget: make soak (see docs/devstack.md)
 
 COLUMNS = list(workload.ORDERS_COLUMNS)
 WORKERS = 2

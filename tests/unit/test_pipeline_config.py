@@ -107,7 +107,7 @@ def test_composite_keys_are_lists() -> None:
             "sinks.orders_mirror.type",
             "postgress",
             "sinks.orders_mirror.type: 'postgress' is not one of postgres, postgres_aggregate, clickhouse, delta, "
-            "print, blackhole, webhook (did you mean 'postgres'?)",
+            "print, blackhole, webhook, kafka (did you mean 'postgres'?)",
         ),
         (
             "sinks.orders_mirror.type",

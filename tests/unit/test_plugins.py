@@ -145,6 +145,16 @@ def test_a_plugin_chain_validates_and_plans(installed: None) -> None:
             "sources.o.primary_key: column(s) k not among its columns; its columns: alphanumeric_field, num_field",
         ),
         (doc(type="nothere.sink"), "sinks.out.type: 'nothere.sink' is not an installed plugin sink"),
+        (
+            {
+                "name": "p",
+                "sources": {
+                    "o": {"type": "basic_plugin.random_source", "options": {"path": "/x"}, "primary_key": "num_field"}
+                },
+                "sinks": {"x": {"type": "kafka", "from": "o", "topic": "out"}},
+            },
+            "sinks.x.from: a kafka sink reads Kafka sources (directly or through transforms), not plugin source 'o'",
+        ),
     ],
 )
 def test_plugin_problems_name_their_yaml_path(installed: None, pipeline: dict[str, Any], expected: str) -> None:
