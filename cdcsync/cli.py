@@ -129,10 +129,11 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     """
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
     tables = sum(len(route) for route in pipeline.routes.values())
+    bounded_alone = [plan for plan in pipeline.bounded.values() if not plan.streams]
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
         f"{pipeline_file}: ok — pipeline '{pipeline.name}', "
-        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources)} source(s), "
+        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources) + len(bounded_alone)} source(s), "
         f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
@@ -272,11 +273,14 @@ def run(
 ) -> None:
     """Stream the pipeline from Kafka into its targets, each change exactly once.
 
+    Bounded sources and the bounded phases of hybrid sources are read first, chunk by chunk (a rerun continues
+    where a run stopped); with job_mode: true or CDCSYNC__JOB_MODE=true the run then exits 0 instead of streaming.
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
     batch and exits 0; a batch that takes longer than run.stop_timeout_s (25 s) is left for the next run (exit 1).
     One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
+    from cdcsync.runtime.bounded import job_mode
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.metrics import RunTelemetry
     from cdcsync.runtime.spark import build_spark_session
@@ -286,6 +290,8 @@ def run(
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
     _check_targets(pipeline, settings, pipeline_file)
+    if job_mode(pipeline, settings):  # refused (exit 2) when a source only streams
+        err.print("job mode: the run ends after the bounded phases", highlight=False)
 
     missing = check_kafka_reachable(settings, [s.topic for s in pipeline.streams().values() if s.topic is not None])
     for topic in missing:
@@ -381,9 +387,7 @@ def plugins() -> None:
     registry = installed()
     table = Table("type", "kind", "package", "what it does")
     for op_id, found in sorted(registry.operators.items()):
-        table.add_row(
-            Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary)
-        )
+        table.add_row(Text(op_id), found.kind[:-1], Text(f"{found.distribution} {found.version}"), Text(found.summary))
     if registry.operators:
         out.print(table)
     else:
