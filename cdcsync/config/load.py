@@ -76,7 +76,7 @@ def _plan(
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        unavailable = invalid | set(plugins) | set(plugin_sources) | set(bounded) | (set(sources) - set(typed))
+        unavailable = invalid | set(plugins) | set(plugin_sources) | set(alone) | (set(sources) - set(typed))
         plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
         _refuse_plugin_inputs(transforms, {**plugins, **plugin_sources}, plan, problems)
