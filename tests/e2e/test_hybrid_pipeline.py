@@ -80,7 +80,7 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
     with psycopg.connect(source.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, grp integer)")
         conn.execute(
-            "INSERT INTO public.items SELECT g, 'v1 ' || g, g %% 17, g %% 5 FROM generate_series(1, %s) AS g", (ROWS,)
+            "INSERT INTO public.items SELECT g, 'v1 ' || g, g %% 17, g %% 5 FROM generate_series(1, %s::int) AS g", (ROWS,)
         )
         conn.execute("CREATE TABLE public.items_seed (LIKE public.items INCLUDING ALL)")
         conn.execute("INSERT INTO public.items_seed SELECT * FROM public.items")  # the copy the backfill reads
@@ -90,7 +90,7 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
         conn.execute("UPDATE public.items SET grp = 9 WHERE id % 7 = 0")
         conn.execute("DELETE FROM public.items WHERE id % 10 = 1")
         conn.execute(
-            "INSERT INTO public.items SELECT g, 'new ' || g, 1, 9 FROM generate_series(%s, %s) AS g",
+            "INSERT INTO public.items SELECT g, 'new ' || g, 1, 9 FROM generate_series(%s::int, %s::int) AS g",
             (ROWS + 1, ROWS + 20),
         )
     source.wait_caught_up()
