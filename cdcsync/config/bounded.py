@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
@@ -65,8 +65,40 @@ class PostgresTableSource(_Model):
         return f"postgres table {self.schema_}.{self.table}"
 
 
-BoundedModel = PostgresTableSource
-BOUNDED_TYPES: dict[str, type[PostgresTableSource]] = {"postgres": PostgresTableSource}
+class ClickHouseTableSource(_Model):
+    """Streamling's ClickHouse source: a table read once, in pages of ``page_size`` rows in key order.
+
+    Alone (``type: clickhouse``) it needs ``columns`` and ``primary_key``; inside a hybrid (``source_type:
+    clickhouse``) both default to the hybrid's. Pages are key ranges, planned like a Postgres source's chunks."""
+
+    type: Literal["clickhouse"]
+    url: SecretStr | None = None
+    """The ClickHouse HTTP endpoint (``http://user:password@host:8123``); defaults to ``CDCSYNC__CLICKHOUSE__URL``."""
+    database: str = Field(default="default", min_length=1)
+    table: str = Field(validation_alias=AliasChoices("table_name", "table"), min_length=1)
+    """Streamling's ``table_name``; ``table`` is accepted too."""
+    primary_key: list[str] | None = None
+    columns: dict[str, str] = Field(default_factory=dict)
+    page_size: int = Field(default=100_000, gt=0)
+    """Rows per page: one micro-batch, checkpointed when it has landed."""
+    parallelism: int = Field(default=1, gt=0, le=256)
+    """Key ranges per page, each read by a Spark task of its own."""
+    final: bool = False
+    """Read with ``FINAL`` (a ``ReplacingMergeTree`` table's current rows only, merged at read time)."""
+
+    _normalise_pk = field_validator("primary_key", mode="before")(_as_key_list)
+
+    @property
+    def label(self) -> str:
+        return f"clickhouse table {self.database}.{self.table}"
+
+    @property
+    def chunk_size(self) -> int:
+        return self.page_size
+
+
+BoundedModel = PostgresTableSource | ClickHouseTableSource
+BOUNDED_TYPES: dict[str, type[BoundedModel]] = {"postgres": PostgresTableSource, "clickhouse": ClickHouseTableSource}
 
 _TIMESTAMP_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
@@ -127,7 +159,7 @@ class HybridSource(_Model):
     """Streamling's hybrid source: ``bounded_sources`` in order, then ``unbounded_source``."""
 
     type: Literal["hybrid"]
-    bounded_sources: list[PostgresTableSource] = Field(min_length=1)
+    bounded_sources: list[Annotated[BoundedModel, Field(discriminator="type")]] = Field(min_length=1)
     unbounded_source: KafkaPhase
     primary_key: list[str] | None = None
     columns: dict[str, str] = Field(default_factory=dict)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from cdcsync.config.bounded import PostgresTableSource
 from cdcsync.config.types import PgType
 from cdcsync.core.errors import ServiceError
+from cdcsync.db.executor_errors import task_failure
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -98,9 +99,8 @@ class ReadRangesTask:
                     ):
                         for data in copy:
                             buffer.write(data)
-                except psycopg.Error as error:
-                    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                    raise RuntimeError(f"{self.label}: reading key range {lower}..{upper}: {first_line}") from None
+                except psycopg.Error as error:  # typed for the driver: retried when Postgres was away
+                    raise task_failure(f"{self.label}: reading key range {lower}..{upper}", error) from None
                 yield from self._parse(buffer).to_batches()
 
     def _parse(self, buffer: io.BytesIO) -> pa.Table:
