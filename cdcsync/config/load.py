@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcsync.config.base import did_you_mean
-from cdcsync.config.bounded import BoundedPlan, HybridSource, PostgresTableSource
+from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, HybridSource, PostgresTableSource
 from cdcsync.config.checks import (
     Inputs,
     check_dynamic_table,
@@ -267,7 +267,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
 
     sources: dict[str, KafkaSource] = {}
     plugin_sources: dict[str, PluginSource] = {}
-    bounded_models: dict[str, HybridSource | PostgresTableSource] = {}
+    bounded_models: dict[str, HybridSource | BoundedModel] = {}
     sinks: dict[str, SinkModel] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
@@ -285,7 +285,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
             problems.extend(entry_problems)
             if isinstance(model, PluginSource):
                 plugin_sources[str(entry_id)] = model
-            elif isinstance(model, HybridSource | PostgresTableSource):
+            elif isinstance(model, HybridSource | PostgresTableSource | ClickHouseTableSource):
                 bounded_models[str(entry_id)] = model
                 if isinstance(model, HybridSource):
                     _add_kafka_phase(str(entry_id), model, sources, problems)
@@ -376,7 +376,7 @@ def _add_kafka_phase(
 
 
 def _plan_bounded(
-    models: dict[str, HybridSource | PostgresTableSource], sources: dict[str, KafkaSource], problems: list[str]
+    models: dict[str, HybridSource | BoundedModel], sources: dict[str, KafkaSource], problems: list[str]
 ) -> dict[str, BoundedPlan]:
     """The bounded phases of each hybrid (columns and key: its Kafka phase's, completed from its schema) and of
     each bounded source alone (its own, required)."""
@@ -456,7 +456,7 @@ def job_mode_problems(
     """Job mode ends after the bounded phases: a source that only streams would never be read."""
     endless = [sid for sid in [*sources, *plugin_sources] if sid not in bounded]
     return [
-        f"sources.{sid}.type: streams without end; {why} needs every source bounded (postgres) or hybrid"
+        f"sources.{sid}.type: streams without end; {why} needs every source bounded (postgres, clickhouse) or hybrid"
         for sid in endless
     ]
 

@@ -19,7 +19,7 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
-from cdcsync.config.bounded import BoundedPlan, HybridSource, PostgresTableSource
+from cdcsync.config.bounded import BoundedPlan, ClickHouseTableSource, HybridSource, PostgresTableSource
 from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
 from cdcsync.config.plugins import PluginSink, PluginTransform
@@ -429,7 +429,12 @@ AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
 SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink | DeltaSink | OperatorSink | PluginSink
 
-SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource, "postgres": PostgresTableSource, "hybrid": HybridSource}
+SOURCE_TYPES: dict[str, type[_Model]] = {
+    "kafka": KafkaSource,
+    "postgres": PostgresTableSource,
+    "clickhouse": ClickHouseTableSource,
+    "hybrid": HybridSource,
+}
 SINK_TYPES: dict[str, type[_Model]] = {
     "postgres": PostgresSink,
     "postgres_aggregate": PostgresAggregateSink,

@@ -25,17 +25,18 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.bounded import BoundedPlan, phase_version
+from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, phase_version
 from cdcsync.config.load import job_mode_problems
 from cdcsync.core.errors import ConfigError, UserError
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, land_rows
 from cdcsync.runtime.stream import BatchHandler, StopRequested, build_sinks
-from cdcsync.sources.bounded import chunk_count, chunk_ranges, key_bounds, read_ranges
+from cdcsync.sources.bounded import chunk_count, chunk_ranges, clickhouse, postgres, read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_FILE = "progress.json"
+RangeTask = postgres.PostgresRangeTask | clickhouse.ClickHouseRangeTask
 
 
 def progress_dir(settings: Settings, pipeline: str, source_id: str) -> Path:
@@ -104,7 +106,7 @@ class Progress:
 
 
 def _fingerprint(plan: BoundedPlan) -> str:
-    described = [phase.model_dump(mode="json", exclude={"dsn"}) for phase in plan.phases]
+    described = [phase.model_dump(mode="json", exclude={"dsn", "url"}) for phase in plan.phases]
     text = json.dumps([described, [name for name, _ in plan.columns], plan.primary_key], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -141,14 +143,12 @@ class BoundedHandler(BatchHandler):
 
     def run(self, spark: SparkSession, stop: threading.Event) -> bool:
         """Land every chunk not landed yet, phase by phase; False when a stop was requested before the end."""
-        assert self.settings is not None
-        default_dsn = self.settings.postgres_dsn
         batch_id = 0
         for index, phase in enumerate(self.plan.phases):
             state = self.progress.phases[index]
-            dsn = phase.dsn.get_secret_value() if phase.dsn is not None else default_dsn
+            key_bounds, task = self._reader(phase)
             if state["bounds"] is None:
-                state["bounds"] = key_bounds(dsn, phase, self.plan.primary_key)
+                state["bounds"] = key_bounds()
                 self.progress.save()
             chunks = chunk_count(state["bounds"], phase.parallelism)
             label = f"{self.source_id}:{phase.label}"
@@ -159,7 +159,7 @@ class BoundedHandler(BatchHandler):
                 if stop.is_set():
                     return False
                 ranges = chunk_ranges(state["bounds"], phase.parallelism, chunk)
-                rows = read_ranges(spark, dsn, phase, self.plan.columns, self.plan.primary_key, ranges)
+                rows = read_ranges(spark, task, self.plan.columns, ranges)
                 try:
                     self(bounded_changes(rows, index + 1, phase.label), batch_id)
                 except StopRequested:
@@ -169,6 +169,18 @@ class BoundedHandler(BatchHandler):
                 log.info("source '%s': %s chunk %d/%d landed", self.source_id, label, chunk + 1, chunks)
                 batch_id += 1
         return True
+
+    def _reader(self, phase: BoundedModel) -> tuple[Callable[[], list[list[str]]], RangeTask]:
+        """How ``phase`` is planned (on the driver) and read (on the executors)."""
+        assert self.settings is not None
+        columns, key = self.plan.columns, self.plan.primary_key
+        if isinstance(phase, ClickHouseTableSource):
+            url = phase.url.get_secret_value() if phase.url is not None else self.settings.clickhouse_url
+            task: RangeTask = clickhouse.ClickHouseRangeTask.of(url, phase, columns, key)
+            return functools.partial(clickhouse.key_bounds, url, phase, key), task
+        dsn = phase.dsn.get_secret_value() if phase.dsn is not None else self.settings.postgres_dsn
+        task = postgres.PostgresRangeTask.of(dsn, phase, columns, key)
+        return functools.partial(postgres.key_bounds, dsn, phase, key), task
 
 
 def bounded_changes(rows: DataFrame, phase: int, label: str) -> DataFrame:

@@ -1,9 +1,10 @@
-"""A hybrid source end to end: a stale copy of a table backfilled in chunks, then real Debezium's newer changes of
-the same keys streamed from Kafka, into a Postgres mirror and a Postgres aggregate.
+"""A hybrid source end to end: an archive in ClickHouse and a stale copy of a table in Postgres backfilled in chunks,
+then real Debezium's newer changes of the same keys streamed from Kafka, into a Postgres mirror and a Postgres
+aggregate.
 
 One source table, three runs of the real CLI: a job-mode run SIGKILLed in the middle of the backfill; a job-mode
 run that continues it (each chunk in the ledger once, nothing merged twice) and exits 0 with the backfill complete
-and nothing streamed; a run that drains Kafka, after which both targets hold the newest state. The backfilled rows
+and nothing streamed (the second phase's rows over the first's); a run that drains Kafka, after which both targets hold the newest state. The backfilled rows
 were in the targets first, so the stream's changes must rank above them; the reverse order (a backfill landing
 after the stream) is tests/integration/test_postgres_sink.py::test_backfilled_rows_rank_below_every_streamed_change.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import DebeziumSource
+from tests.conftest import ClickHouseDatabase, DebeziumSource
 from tests.e2e.conftest import Project, ledger_batches
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +28,10 @@ pytestmark = pytest.mark.e2e
 COLUMNS = {"id": "bigint", "name": "text", "qty": "integer", "grp": "integer"}
 ROWS = 200
 CHUNK_SIZE = 20  # 10 chunks: a kill lands in the middle of the backfill
+ARCHIVED = 100  # the ClickHouse archive: the first keys, older still, in 2 pages
 
 
-def pipeline(source: DebeziumSource) -> dict[str, Any]:
+def pipeline(source: DebeziumSource, archive: ClickHouseDatabase) -> dict[str, Any]:
     return {
         "name": "hybrid",
         "sources": {
@@ -39,12 +41,19 @@ def pipeline(source: DebeziumSource) -> dict[str, Any]:
                 "columns": dict(COLUMNS),
                 "bounded_sources": [
                     {
+                        "source_type": "clickhouse",
+                        "url": archive.url,
+                        "database": archive.database,
+                        "table_name": "items_archive",
+                        "page_size": ARCHIVED // 2,
+                    },
+                    {
                         "source_type": "postgres",
                         "dsn": source.dsn,
                         "table": "items_seed",
                         "chunk_size": CHUNK_SIZE,
                         "parallelism": 2,
-                    }
+                    },
                 ],
                 "unbounded_source": {
                     "source_type": "kafka",
@@ -74,13 +83,23 @@ def rows(dsn: str, query: str) -> set[tuple[Any, ...]]:
 
 
 def test_backfill_killed_resumed_in_job_mode_then_streamed(
-    debezium_source: DebeziumSource, make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str
+    debezium_source: DebeziumSource,
+    clickhouse_database: ClickHouseDatabase,
+    make_project: Callable[[dict[str, Any]], Project],
+    postgres_dsn: str,
 ) -> None:
     source = debezium_source
+    archive = clickhouse_database.client()
+    archive.command(
+        "CREATE TABLE items_archive (id Int64, name Nullable(String), qty Nullable(Int32), grp Nullable(Int32)) "
+        "ENGINE = MergeTree ORDER BY id"
+    )
+    archive.command(f"INSERT INTO items_archive SELECT number, 'v0', 0, 0 FROM numbers(1, {ARCHIVED})")
     with psycopg.connect(source.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.items (id bigint PRIMARY KEY, name text, qty integer, grp integer)")
         conn.execute(
-            "INSERT INTO public.items SELECT g, 'v1 ' || g, g %% 17, g %% 5 FROM generate_series(1, %s::int) AS g", (ROWS,)
+            "INSERT INTO public.items SELECT g, 'v1 ' || g, g %% 17, g %% 5 FROM generate_series(1, %s::int) AS g",
+            (ROWS,),
         )
         conn.execute("CREATE TABLE public.items_seed (LIKE public.items INCLUDING ALL)")
         conn.execute("INSERT INTO public.items_seed SELECT * FROM public.items")  # the copy the backfill reads
@@ -95,7 +114,7 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
         )
     source.wait_caught_up()
 
-    project = make_project(pipeline(source))
+    project = make_project(pipeline(source, clickhouse_database))
     project.prepare()
     project.env["CDCSYNC__JOB_MODE"] = "true"
 
@@ -109,7 +128,7 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     killed_at = len(ledger_batches(postgres_dsn, "hybrid")["mirror"])
-    assert killed_at < ROWS // CHUNK_SIZE
+    assert killed_at < 2 + ROWS // CHUNK_SIZE
 
     resumed = project.cdcsync("run", str(project.pipeline_file))  # job mode: the backfill's end, then exit 0
     assert "job mode" in resumed.stderr
@@ -120,11 +139,11 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
             "SELECT sink, count(DISTINCT checkpoint_id), array_agg(batch_id ORDER BY batch_id), sum(rows_written) "
             "FROM cdcsync.batch_ledger WHERE pipeline = 'hybrid' GROUP BY sink"
         ).fetchall()
-    chunks = list(range(ROWS // CHUNK_SIZE))
+    chunks = list(range(2 + ROWS // CHUNK_SIZE))  # the archive's 2 pages, then the copy's chunks
     assert {sink: (checkpoints, ids, written) for sink, checkpoints, ids, written in ledger} == {
-        "mirror": (1, chunks, ROWS),
-        "totals": (1, chunks, ROWS),
-    }  # one backfill, each chunk once, each row merged once
+        "mirror": (1, chunks, ARCHIVED + ROWS),
+        "totals": (1, chunks, ARCHIVED + ROWS),
+    }  # one backfill, each chunk once, each row merged once (the copy's over the archive's)
 
     del project.env["CDCSYNC__JOB_MODE"]
     project.cdcsync("run", str(project.pipeline_file), "--available-now")  # the backfill is done: Kafka only

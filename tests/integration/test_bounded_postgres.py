@@ -15,8 +15,8 @@ from cdcsync.config.bounded import PostgresTableSource
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.errors import UserError
-from cdcsync.sources.bounded import Bound, ReadRangesTask, chunk_count, chunk_ranges, key_bounds
-from cdcsync.sql.render import render
+from cdcsync.sources.bounded import Bound, chunk_count, chunk_ranges
+from cdcsync.sources.bounded.postgres import PostgresRangeTask, key_bounds
 
 pytestmark = pytest.mark.integration
 
@@ -28,26 +28,12 @@ def source(**extra: object) -> PostgresTableSource:
     return PostgresTableSource.model_validate({"type": "postgres", "table": "Items", **extra})
 
 
-def read_task(dsn: str) -> ReadRangesTask:
-    columns = [(name, parse_pg_type(text).sql) for name, text in COLUMNS]
-    key = [(name, parse_pg_type(dict(COLUMNS)[name]).sql) for name in KEY]
-    statements = {
-        ("l" if lower else "") + ("u" if upper else ""): render(
-            "postgres/bounded/read_range.sql.j2",
-            schema="public",
-            table="Items",
-            columns=columns,
-            key=key,
-            lower=lower,
-            upper=upper,
-        )
-        for lower in (True, False)
-        for upper in (True, False)
-    }
-    return ReadRangesTask(dsn, statements, tuple(name for name, _ in COLUMNS), "test")
+def read_task(dsn: str) -> PostgresRangeTask:
+    columns = tuple((name, parse_pg_type(text)) for name, text in COLUMNS)
+    return PostgresRangeTask.of(dsn, source(), columns, KEY)
 
 
-def read(task: ReadRangesTask, ranges: list[tuple[Bound, Bound]]) -> list[dict[str, object]]:
+def read(task: PostgresRangeTask, ranges: list[tuple[Bound, Bound]]) -> list[dict[str, object]]:
     """What the executors read for ``ranges``: each range as an input row, as Spark hands them over."""
     rows = pa.RecordBatch.from_pydict(
         {"lower": [json.dumps(lower) for lower, _ in ranges], "upper": [json.dumps(upper) for _, upper in ranges]}
