@@ -1,6 +1,6 @@
 """Bounded sources (a table read once, in chunks) and Streamling's ``type: hybrid`` (bounded phases, then Kafka).
 
-A bounded source standing alone (``type: postgres``) ends when it has been read. A hybrid source reads its
+A bounded source standing alone (``type: postgres``, ``type: clickhouse``) ends when it has been read. A hybrid source reads its
 ``bounded_sources`` in order, each with ``source_type:`` instead of ``type:``, then streams its
 ``unbounded_source`` (``source_type: kafka``): validation turns that part into an ordinary
 :class:`~cdcsync.config.pipeline.KafkaSource` under the hybrid's id, so everything that streams a Kafka source

@@ -145,3 +145,23 @@ def test_chunks_group_parallelism_ranges_open_at_both_ends() -> None:
 def test_phase_versions_sit_below_every_debezium_position() -> None:
     """(0, phase): below the lowest streamed version (commit part 1) and a snapshot read at any real WAL position."""
     assert 0 < phase_version(1) < phase_version(2) < 2**32 < 2**64
+
+
+def test_streamlings_clickhouse_source_alone_and_as_a_phase() -> None:
+    archive = {"source_type": "clickhouse", "table_name": "orders_archive", "page_size": 1000}
+    loaded = validate_pipeline_dict(
+        pipeline(
+            {
+                "items": hybrid(bounded_sources=[archive, {"source_type": "postgres", "table": "items"}]),
+                "ch": {"type": "clickhouse", "table": "old", "primary_key": "id", "columns": dict(COLUMNS)},
+            }
+        )
+    )
+    first, second = loaded.bounded["items"].phases
+    assert (first.type, first.table, first.chunk_size, second.type) == (
+        "clickhouse",
+        "orders_archive",
+        1000,
+        "postgres",
+    )
+    assert loaded.bounded["ch"].phases[0].label == "clickhouse table default.old"

@@ -365,3 +365,26 @@ def test_bounded_postgres_reads_golden() -> None:
     check_golden("bounded_postgres.sql", "\n".join([bounds, *reads]))
     assert '"We""ird"' not in bounds and '"we""ird"' in bounds
     assert reads[0].count("%(lo") == 2 and reads[0].count("%(hi") == 2 and "%(" not in reads[3]
+
+
+def test_bounded_clickhouse_reads_golden() -> None:
+    """A bounded ClickHouse source's plan and range reads: names quoted, bounds server-side parameters cast to the
+    key's ClickHouse type, FINAL only when asked."""
+    bounds = render(
+        "clickhouse/bounded/key_bounds.sql.j2", database="my db", table="select", key=["Re gion", "we`ird"], final=True
+    )
+    reads = [
+        render(
+            "clickhouse/bounded/read_range.sql.j2",
+            database="my db",
+            table="select",
+            final=False,
+            columns=[("Re gion", "text"), ("we`ird", "bigint"), ("blob", "bytea")],
+            key=[("Re gion", "String"), ("we`ird", "DateTime64(6, 'UTC')")],
+            lower=lower,
+            upper=upper,
+        )
+        for lower, upper in ((True, True), (False, False))
+    ]
+    check_golden("bounded_clickhouse.sql", "\n".join([bounds, *reads]))
+    assert " FINAL" in bounds and " FINAL" not in reads[0] and "{lo1:String}" in reads[0] and "{" not in reads[1]
