@@ -1,7 +1,7 @@
 """Bounded sources (a table read once, in chunks) and Streamling's ``type: hybrid`` (bounded phases, then Kafka).
 
-A bounded source standing alone (``type: postgres``, ``type: clickhouse``) ends when it has been read. A hybrid source reads its
-``bounded_sources`` in order, each with ``source_type:`` instead of ``type:``, then streams its
+A bounded source standing alone (``type: postgres``, ``type: clickhouse``) ends when it has been read. A hybrid
+source reads its ``bounded_sources`` in order, each with ``source_type:`` instead of ``type:``, then streams its
 ``unbounded_source`` (``source_type: kafka``): validation turns that part into an ordinary
 :class:`~cdcsync.config.pipeline.KafkaSource` under the hybrid's id, so everything that streams a Kafka source
 streams it unchanged, and records the phases in a :class:`BoundedPlan` (``Pipeline.bounded``), which the runtime

@@ -56,6 +56,19 @@ def which_bounds(lower: Bound, upper: Bound) -> str:
     return ("l" if lower is not None else "") + ("u" if upper is not None else "")
 
 
+def range_statements(template: str, **values: object) -> dict[str, str]:
+    """``template`` rendered for each variant of a range (:func:`which_bounds`): both ends bound, one, none."""
+    from cdcsync.sql.render import render
+
+    return {
+        which_bounds([""] if lower else None, [""] if upper else None): render(
+            template, lower=lower, upper=upper, **values
+        )
+        for lower in (True, False)
+        for upper in (True, False)
+    }
+
+
 def bound_parameters(lower: Bound, upper: Bound) -> dict[str, str]:
     """``lo0``.. and ``hi0``..: the bounds' key values, as the range templates name them."""
     params = {f"lo{i}": value for i, value in enumerate(lower or [])}

@@ -13,7 +13,7 @@ from cdcsync.config.clickhouse_types import base_type
 from cdcsync.config.types import PgType
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, first_line, is_retriable, wrap_clickhouse_error
-from cdcsync.sources.bounded import Bound, bound_parameters, ranges_as_arrow, which_bounds
+from cdcsync.sources.bounded import Bound, bound_parameters, range_statements, ranges_as_arrow, which_bounds
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -60,13 +60,7 @@ class ClickHouseRangeTask:
             "columns": [(name, pg.sql) for name, pg in columns],
             "key": [(name, base_type(types[name])) for name in key],
         }
-        statements = {
-            which_bounds([""] if lower else None, [""] if upper else None): render(
-                "clickhouse/bounded/read_range.sql.j2", lower=lower, upper=upper, **values
-            )
-            for lower in (True, False)
-            for upper in (True, False)
-        }
+        statements = range_statements("clickhouse/bounded/read_range.sql.j2", **values)
         return cls(url, statements, tuple(name for name, _ in columns), source.label)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

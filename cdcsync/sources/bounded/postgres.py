@@ -12,7 +12,7 @@ from cdcsync.config.bounded import PostgresTableSource
 from cdcsync.config.types import PgType
 from cdcsync.core.errors import ServiceError
 from cdcsync.db.executor_errors import task_failure
-from cdcsync.sources.bounded import Bound, bound_parameters, ranges_as_arrow, which_bounds
+from cdcsync.sources.bounded import Bound, bound_parameters, range_statements, ranges_as_arrow, which_bounds
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -58,13 +58,7 @@ class PostgresRangeTask:
             "columns": [(name, pg.sql) for name, pg in columns],
             "key": [(name, types[name].sql) for name in key],
         }
-        statements = {
-            which_bounds([""] if lower else None, [""] if upper else None): render(
-                "postgres/bounded/read_range.sql.j2", lower=lower, upper=upper, **values
-            )
-            for lower in (True, False)
-            for upper in (True, False)
-        }
+        statements = range_statements("postgres/bounded/read_range.sql.j2", **values)
         return cls(dsn, statements, tuple(name for name, _ in columns), source.label)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
