@@ -361,6 +361,12 @@ def status(
         rows = "-" if sink.rows < 0 else f"{sink.rows:,}"
         sinks.add_row(Text(sink.sink), Text(target), last_batch, committed, rows)
     out.print(sinks)
+    if report.bounded:
+        bounded = Table("bounded source", "phase", "chunks landed")
+        for phase in report.bounded:
+            of = "not planned yet" if phase.chunks is None else f"{phase.chunks_done:,} of {phase.chunks:,}"
+            bounded.add_row(Text(phase.source), Text(phase.phase), of)
+        out.print(bounded)
     if report.dead_letters:
         out.print(
             f"dead letters: {report.dead_letters} message(s) in cdcsync.dead_letters, {report.dead_letter_keys} key(s) "

@@ -68,6 +68,19 @@ def job_mode(pipeline: Pipeline, settings: Settings) -> bool:
     return True
 
 
+def progress_of(pipeline: Pipeline, settings: Settings) -> list[tuple[str, str, int, int | None]]:
+    """(source, phase, chunks landed, chunks or None before the plan) of every bounded phase, for ``status``."""
+    found = []
+    for source_id, plan in pipeline.bounded.items():
+        path = progress_dir(settings, pipeline.name, source_id) / PROGRESS_FILE
+        unplanned = [{"bounds": None, "done": 0} for _ in plan.phases]
+        states = json.loads(path.read_text())["phases"] if path.exists() else unplanned
+        for phase, state in zip(plan.phases, states, strict=True):
+            chunks = None if state["bounds"] is None else chunk_count(state["bounds"], phase.parallelism)
+            found.append((source_id, phase.label, int(state["done"]), chunks))
+    return found
+
+
 @dataclass
 class Progress:
     """A source's bounded progress (module doc); ``phases[i]`` is ``{"bounds": [...] | None, "done": n}``."""

@@ -11,6 +11,7 @@ after the stream) is tests/integration/test_postgres_sink.py::test_backfilled_ro
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -144,6 +145,9 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
         "mirror": (1, chunks, ARCHIVED + ROWS),
         "totals": (1, chunks, ARCHIVED + ROWS),
     }  # one backfill, each chunk once, each row merged once (the copy's over the archive's)
+
+    status = json.loads(project.cdcsync("status", str(project.pipeline_file), "--json").stdout)["bounded"]
+    assert [(phase["chunks_done"], phase["chunks"]) for phase in status] == [(2, 2), (ROWS // CHUNK_SIZE,) * 2]
 
     del project.env["CDCSYNC__JOB_MODE"]
     project.cdcsync("run", str(project.pipeline_file), "--available-now")  # the backfill is done: Kafka only
