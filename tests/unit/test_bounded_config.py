@@ -165,3 +165,20 @@ def test_streamlings_clickhouse_source_alone_and_as_a_phase() -> None:
         "postgres",
     )
     assert loaded.bounded["ch"].phases[0].label == "clickhouse table default.old"
+
+
+def test_reset_removes_the_backfill_progress_with_the_checkpoints(tmp_path: Any) -> None:
+    from cdcsync.runtime.reset import plan_reset
+
+    old = {"type": "postgres", "table": "old", "primary_key": "id", "columns": dict(COLUMNS)}
+    raw = pipeline({"items": hybrid(), "old": old})
+    raw["sinks"]["o"] = {"type": "postgres", "from": "old", "table": "o"}
+    loaded = validate_pipeline_dict(raw)
+    settings = Settings(state_dir=tmp_path)
+    checkpoints = tmp_path.resolve() / "checkpoints" / "p"
+    assert plan_reset(loaded, settings).checkpoints == [
+        checkpoints / "items",
+        checkpoints / "items.bounded",
+        checkpoints / "old.bounded",
+    ]
+    assert plan_reset(loaded, settings, sink="o").checkpoints == [checkpoints / "old.bounded"]
