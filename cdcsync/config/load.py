@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from cdcsync.config.base import did_you_mean
-from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, HybridSource, PostgresTableSource
+from cdcsync.config.bounded import (
+    BoundedModel,
+    BoundedPlan,
+    ClickHouseTableSource,
+    DeltaTableSource,
+    HybridSource,
+    PostgresTableSource,
+)
 from cdcsync.config.checks import (
     Inputs,
     check_dynamic_table,
@@ -285,7 +292,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
             problems.extend(entry_problems)
             if isinstance(model, PluginSource):
                 plugin_sources[str(entry_id)] = model
-            elif isinstance(model, HybridSource | PostgresTableSource | ClickHouseTableSource):
+            elif isinstance(model, HybridSource | PostgresTableSource | ClickHouseTableSource | DeltaTableSource):
                 bounded_models[str(entry_id)] = model
                 if isinstance(model, HybridSource):
                     _add_kafka_phase(str(entry_id), model, sources, problems)
@@ -456,7 +463,8 @@ def job_mode_problems(
     """Job mode ends after the bounded phases: a source that only streams would never be read."""
     endless = [sid for sid in [*sources, *plugin_sources] if sid not in bounded]
     return [
-        f"sources.{sid}.type: streams without end; {why} needs every source bounded (postgres, clickhouse) or hybrid"
+        f"sources.{sid}.type: streams without end; {why} needs every source bounded (postgres, clickhouse, delta) "
+        "or hybrid"
         for sid in endless
     ]
 

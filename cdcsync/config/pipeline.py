@@ -19,7 +19,13 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
-from cdcsync.config.bounded import BoundedPlan, ClickHouseTableSource, HybridSource, PostgresTableSource
+from cdcsync.config.bounded import (
+    BoundedPlan,
+    ClickHouseTableSource,
+    DeltaTableSource,
+    HybridSource,
+    PostgresTableSource,
+)
 from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
 from cdcsync.config.plugins import PluginSink, PluginTransform
@@ -433,6 +439,7 @@ SOURCE_TYPES: dict[str, type[_Model]] = {
     "kafka": KafkaSource,
     "postgres": PostgresTableSource,
     "clickhouse": ClickHouseTableSource,
+    "delta": DeltaTableSource,
     "hybrid": HybridSource,
 }
 SINK_TYPES: dict[str, type[_Model]] = {

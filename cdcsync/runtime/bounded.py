@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, phase_version
+from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, DeltaTableSource, phase_version
 from cdcsync.config.load import job_mode_problems
 from cdcsync.core.errors import ConfigError, UserError
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, land_rows
 from cdcsync.runtime.stream import BatchHandler, StopRequested, build_sinks
-from cdcsync.sources.bounded import chunk_count, chunk_ranges, clickhouse, postgres, read_ranges
+from cdcsync.sources.bounded import Bound, chunk_count, chunk_ranges, clickhouse, delta, postgres, read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -159,7 +159,7 @@ class BoundedHandler(BatchHandler):
         batch_id = 0
         for index, phase in enumerate(self.plan.phases):
             state = self.progress.phases[index]
-            key_bounds, task = self._reader(phase)
+            key_bounds, read_chunk = self._reader(spark, phase, state)
             if state["bounds"] is None:
                 state["bounds"] = key_bounds()
                 self.progress.save()
@@ -171,8 +171,7 @@ class BoundedHandler(BatchHandler):
                     continue
                 if stop.is_set():
                     return False
-                ranges = chunk_ranges(state["bounds"], phase.parallelism, chunk)
-                rows = read_ranges(spark, task, self.plan.columns, ranges)
+                rows = read_chunk(chunk_ranges(state["bounds"], phase.parallelism, chunk))
                 try:
                     self(bounded_changes(rows, index + 1, phase.label), batch_id)
                 except StopRequested:
@@ -183,26 +182,40 @@ class BoundedHandler(BatchHandler):
                 batch_id += 1
         return True
 
-    def _reader(self, phase: BoundedModel) -> tuple[Callable[[], list[list[str]]], RangeTask]:
-        """How ``phase`` is planned (on the driver) and read (on the executors)."""
+    def _reader(
+        self, spark: SparkSession, phase: BoundedModel, state: dict[str, Any]
+    ) -> tuple[Callable[[], list[list[str]]], Callable[[list[tuple[Bound, Bound]]], DataFrame]]:
+        """How ``phase`` is planned and how a chunk of it is read (lazily: a chunk every sink holds is not read)."""
         assert self.settings is not None
         columns, key = self.plan.columns, self.plan.primary_key
+        if isinstance(phase, DeltaTableSource):
+            if state.get("version") is None:  # the snapshot every chunk reads, also after a restart
+                state["version"] = delta.newest_version(spark, phase)
+                self.progress.save()
+            rows = delta.changes(spark, phase, columns, key, int(state["version"]))
+            return functools.partial(delta.key_bounds, rows, phase, key), lambda ranges: rows.where(
+                delta.in_range(columns, key, *ranges[0])
+            )
+        task: RangeTask
         if isinstance(phase, ClickHouseTableSource):
             url = phase.url.get_secret_value() if phase.url is not None else self.settings.clickhouse_url
-            task: RangeTask = clickhouse.ClickHouseRangeTask.of(url, phase, columns, key)
-            return functools.partial(clickhouse.key_bounds, url, phase, key), task
-        dsn = phase.dsn.get_secret_value() if phase.dsn is not None else self.settings.postgres_dsn
-        task = postgres.PostgresRangeTask.of(dsn, phase, columns, key)
-        return functools.partial(postgres.key_bounds, dsn, phase, key), task
+            task = clickhouse.ClickHouseRangeTask.of(url, phase, columns, key)
+            plan = functools.partial(clickhouse.key_bounds, url, phase, key)
+        else:
+            dsn = phase.dsn.get_secret_value() if phase.dsn is not None else self.settings.postgres_dsn
+            task = postgres.PostgresRangeTask.of(dsn, phase, columns, key)
+            plan = functools.partial(postgres.key_bounds, dsn, phase, key)
+        return plan, functools.partial(read_ranges, spark, task, columns)
 
 
 def bounded_changes(rows: DataFrame, phase: int, label: str) -> DataFrame:
     """A chunk's rows as change rows: the business columns, then the ``_cdc_*`` columns (module doc)."""
     from pyspark.sql import functions as F
 
+    op = F.col("_cdc_op") if "_cdc_op" in rows.columns else F.lit("c")  # a change feed's own ops
     return rows.select(
-        *(F.col(name) for name in rows.columns),
-        F.lit("c").alias("_cdc_op"),
+        *(F.col(name) for name in rows.columns if name != "_cdc_op"),
+        op.alias("_cdc_op"),
         F.lit(phase_version(phase)).cast("decimal(38,0)").alias("_cdc_version"),
         F.current_timestamp().alias("_cdc_ts"),
         F.lit(label).alias("_cdc_topic"),

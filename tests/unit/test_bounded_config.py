@@ -127,7 +127,7 @@ def test_job_mode_from_the_environment_is_checked_at_run(monkeypatch: pytest.Mon
     with pytest.raises(ConfigError) as raised:
         job_mode(loaded, Settings())
     assert raised.value.problems == [
-        "sources.stream.type: streams without end; CDCSYNC__JOB_MODE=true needs every source bounded (postgres, clickhouse) "
+        "sources.stream.type: streams without end; CDCSYNC__JOB_MODE=true needs every source bounded (postgres, clickhouse, delta) "
         "or hybrid"
     ]
     assert job_mode(validate_pipeline_dict(pipeline({"items": hybrid()})), Settings())
