@@ -182,3 +182,27 @@ def test_reset_removes_the_backfill_progress_with_the_checkpoints(tmp_path: Any)
         checkpoints / "old.bounded",
     ]
     assert plan_reset(loaded, settings, sink="o").checkpoints == [checkpoints / "old.bounded"]
+
+
+def test_a_delta_source_reads_one_snapshot_or_a_change_feed() -> None:
+    lake = {"source_type": "delta", "path": "/lake/items", "change_data_feed": True, "starting_version": 3}
+    loaded = validate_pipeline_dict(pipeline({"items": hybrid(bounded_sources=[lake])}))
+    phase = loaded.bounded["items"].phases[0]
+    assert (phase.type, phase.label, phase.parallelism) == ("delta", "delta table /lake/items", 1)
+    alone = {"type": "delta", "table": "db.items", "primary_key": "id", "columns": dict(COLUMNS)}
+    found = problems(
+        pipeline(
+            {
+                "a": {**alone, "path": "/lake/a"},
+                "b": {**alone, "version": 1, "timestamp": "2026-01-01"},
+                "c": {**alone, "change_data_feed": True},
+                "d": {**alone, "starting_version": 2},
+            }
+        )
+    )
+    assert [p.split(":")[0] for p in found] == [
+        "sources.a.path",
+        "sources.b.timestamp",
+        "sources.c.starting_version",
+        "sources.d.starting_version",
+    ]
