@@ -280,7 +280,7 @@ def run(
     One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
-    from cdcsync.runtime.bounded import job_mode
+    from cdcsync.runtime.bounded import job_mode, plan_before_spark
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.metrics import RunTelemetry
     from cdcsync.runtime.spark import build_spark_session
@@ -302,6 +302,7 @@ def run(
     telemetry = RunTelemetry(settings.metrics, runner.snapshot, runner.health, port=metrics_port)
     with runner.locked(), telemetry:  # before Spark starts: a second runner is refused (or waits) at once
         runner.check_ledger()  # a checkpoint past what a sink holds is refused before Spark starts too
+        plan_before_spark(pipeline, settings)  # the bounded phases' tables: planned, or refused, before Spark too
         err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
         spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
         try:

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.bounded import BoundedModel, BoundedPlan, ClickHouseTableSource, DeltaTableSource, phase_version
+from cdcsync.config.bounded import (
+    BoundedModel,
+    BoundedPlan,
+    ClickHouseTableSource,
+    DeltaTableSource,
+    PostgresTableSource,
+    phase_version,
+)
 from cdcsync.config.load import job_mode_problems
 from cdcsync.core.errors import ConfigError, UserError
 from cdcsync.db.retry import with_retries
@@ -198,14 +205,38 @@ class BoundedHandler(BatchHandler):
             )
         task: RangeTask
         if isinstance(phase, ClickHouseTableSource):
-            url = phase.url.get_secret_value() if phase.url is not None else self.settings.clickhouse_url
-            task = clickhouse.ClickHouseRangeTask.of(url, phase, columns, key)
-            plan = functools.partial(clickhouse.key_bounds, url, phase, key)
+            task = clickhouse.ClickHouseRangeTask.of(_location(phase, self.settings), phase, columns, key)
         else:
-            dsn = phase.dsn.get_secret_value() if phase.dsn is not None else self.settings.postgres_dsn
-            task = postgres.PostgresRangeTask.of(dsn, phase, columns, key)
-            plan = functools.partial(postgres.key_bounds, dsn, phase, key)
-        return plan, functools.partial(read_ranges, spark, task, columns)
+            task = postgres.PostgresRangeTask.of(_location(phase, self.settings), phase, columns, key)
+        return functools.partial(_key_bounds, phase, key, self.settings), functools.partial(
+            read_ranges, spark, task, columns
+        )
+
+
+def _location(phase: PostgresTableSource | ClickHouseTableSource, settings: Settings) -> str:
+    """The phase's own DSN or URL, else the settings' Postgres DSN or ClickHouse URL."""
+    if isinstance(phase, ClickHouseTableSource):
+        return phase.url.get_secret_value() if phase.url is not None else settings.clickhouse_url
+    return phase.dsn.get_secret_value() if phase.dsn is not None else settings.postgres_dsn
+
+
+def _key_bounds(
+    phase: PostgresTableSource | ClickHouseTableSource, key: tuple[str, ...], settings: Settings
+) -> list[list[str]]:
+    if isinstance(phase, ClickHouseTableSource):
+        return clickhouse.key_bounds(_location(phase, settings), phase, key)
+    return postgres.key_bounds(_location(phase, settings), phase, key)
+
+
+def plan_before_spark(pipeline: Pipeline, settings: Settings) -> None:
+    """Plan the Postgres and ClickHouse phases not planned yet, before Spark starts: a table that is missing or
+    unreachable stops the run at once. (A Delta phase is planned with Spark.) Under the pipeline's lock."""
+    for source_id, plan in pipeline.bounded.items():
+        progress = Progress.load(progress_dir(settings, pipeline.name, source_id), plan)
+        for phase, state in zip(plan.phases, progress.phases, strict=True):
+            if state["bounds"] is None and not isinstance(phase, DeltaTableSource):
+                state["bounds"] = _key_bounds(phase, plan.primary_key, settings)
+                progress.save()
 
 
 def bounded_changes(rows: DataFrame, phase: int, label: str) -> DataFrame:

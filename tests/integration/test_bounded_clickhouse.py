@@ -66,3 +66,13 @@ def test_the_pages_cover_every_current_row_once(clickhouse_database: ClickHouseD
         "at": "2024-05-01 10:00:06.000000",
     }
     assert by_key[('us, "west"', "5")]["note"] is None and by_key[("eu", "21")]["note"] == ""
+
+
+def test_a_missing_table_is_the_pipelines_error(clickhouse_database: ClickHouseDatabase) -> None:
+    from cdcsync.core.errors import UserError
+
+    source = ClickHouseTableSource.model_validate(
+        {"type": "clickhouse", "database": clickhouse_database.database, "table_name": "absent"}
+    )
+    with pytest.raises(UserError, match=r"clickhouse table .*absent: planning its key ranges"):
+        key_bounds(clickhouse_database.url, source, KEY)

@@ -111,3 +111,12 @@ def test_progress_resumes_only_for_the_same_definition(tmp_path: Path) -> None:
     assert (again.plan_id, again.phases) == (progress.plan_id, [{"bounds": [["1"], ["11"]], "done": 1}])
     with pytest.raises(UserError, match="changed since their progress was recorded"):
         Progress.load(tmp_path, plan(20))  # type: ignore[arg-type]
+
+
+def test_a_missing_table_or_key_column_is_the_pipelines_error(postgres_dsn: str) -> None:
+    with pytest.raises(UserError, match=r'relation "public\.Items" does not exist'):
+        key_bounds(postgres_dsn, source(), KEY)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute('CREATE TABLE "Items" (id bigint PRIMARY KEY)')
+    with pytest.raises(UserError, match='column "region" does not exist'):
+        key_bounds(postgres_dsn, source(), KEY)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.config.bounded import ClickHouseTableSource
 from cdcsync.config.clickhouse_types import base_type
 from cdcsync.config.types import PgType
+from cdcsync.core.errors import UserError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.sources.bounded import Bound, bound_parameters, range_statements, ranges_as_arrow, which_bounds
@@ -19,6 +20,8 @@ from cdcsync.sql.render import render
 if TYPE_CHECKING:
     import pyarrow as pa
 
+_NOT_THERE = frozenset({47, 60, 81})
+"""UNKNOWN_IDENTIFIER, UNKNOWN_TABLE, UNKNOWN_DATABASE."""
 CSV_SETTINGS: dict[str, Any] = {"format_csv_null_representation": ""}
 """NULL as an unquoted empty field, as Postgres writes it (strings are always quoted)."""
 
@@ -35,7 +38,12 @@ def key_bounds(url: str, source: ClickHouseTableSource, key: tuple[str, ...]) ->
         finally:
             client.close()
     except Exception as error:
-        raise wrap_clickhouse_error(error, f"{source.label}: planning its key ranges") from None
+        doing = f"{source.label}: planning its key ranges"
+        if getattr(error, "code", None) in _NOT_THERE:  # the pipeline names what the server lacks: exit 2
+            raise UserError(
+                f"{doing}: {first_line(error)}", hint="check the source's database, table and key"
+            ) from None
+        raise wrap_clickhouse_error(error, doing) from None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.bounded import PostgresTableSource
 from cdcsync.config.types import PgType
-from cdcsync.core.errors import ServiceError
+from cdcsync.core.errors import ServiceError, UserError
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.sources.bounded import Bound, bound_parameters, range_statements, ranges_as_arrow, which_bounds
 from cdcsync.sql.render import render
@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 
 SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3"
 """Text forms Spark casts back exactly: UTC times, ISO dates, floats that round-trip."""
+
+
+def _not_there() -> tuple[type[Exception], ...]:
+    from psycopg import errors
+
+    return (errors.UndefinedTable, errors.UndefinedColumn, errors.InvalidSchemaName)
 
 
 def key_bounds(dsn: str, source: PostgresTableSource, key: tuple[str, ...]) -> list[list[str]]:
@@ -33,8 +39,10 @@ def key_bounds(dsn: str, source: PostgresTableSource, key: tuple[str, ...]) -> l
             return [list(row) for row in conn.execute(sql, {"step": step}).fetchall()]
     except psycopg.Error as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        retriable = isinstance(error, psycopg.OperationalError)
-        raise ServiceError(f"{source.label}: planning its key ranges: {first_line}", retriable=retriable) from None
+        doing = f"{source.label}: planning its key ranges: {first_line}"
+        if isinstance(error, _not_there()):  # the pipeline names what the database lacks: exit 2
+            raise UserError(doing, hint="check the source's schema, table and primary_key") from None
+        raise ServiceError(doing, retriable=isinstance(error, psycopg.OperationalError)) from None
 
 
 @dataclass(frozen=True)
