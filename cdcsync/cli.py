@@ -129,10 +129,11 @@ def validate(pipeline_file: PipelineArg, migrations_dir: MigrationsDirOpt = None
     """
     pipeline = _pipeline(pipeline_file, _settings(migrations_dir))
     tables = sum(len(route) for route in pipeline.routes.values())
+    bounded_alone = [plan for plan in pipeline.bounded.values() if not plan.streams]
     sinks = len([s for s in pipeline.sinks.values() if not isinstance(s, RoutedPostgresSink | RoutedClickHouseSink)])
     out.print(
         f"{pipeline_file}: ok — pipeline '{pipeline.name}', "
-        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources)} source(s), "
+        f"{len(pipeline.streams()) + len(pipeline.plan.plugin_sources) + len(bounded_alone)} source(s), "
         f"{sinks + len(pipeline.routed_sinks)} sink(s)" + (f", {tables} routed table(s)" if pipeline.routes else ""),
         highlight=False,
     )
@@ -272,11 +273,14 @@ def run(
 ) -> None:
     """Stream the pipeline from Kafka into its targets, each change exactly once.
 
+    Bounded sources and the bounded phases of hybrid sources are read first, chunk by chunk (a rerun continues
+    where a run stopped); with job_mode: true or CDCSYNC__JOB_MODE=true the run then exits 0 instead of streaming.
     Refuses to start (exit 2) while a migration is pending or altered. Ctrl-C (or SIGTERM) finishes the current
     batch and exits 0; a batch that takes longer than run.stop_timeout_s (25 s) is left for the next run (exit 1).
     One run per pipeline: a second one exits 2 naming the run that holds the pipeline's lock, or
     waits for it with --wait.
     """
+    from cdcsync.runtime.bounded import job_mode, plan_before_spark
     from cdcsync.runtime.live import ProgressView
     from cdcsync.runtime.metrics import RunTelemetry
     from cdcsync.runtime.spark import build_spark_session
@@ -286,6 +290,8 @@ def run(
     settings = _settings(migrations_dir)
     pipeline = _pipeline(pipeline_file, settings)
     _check_targets(pipeline, settings, pipeline_file)
+    if job_mode(pipeline, settings):  # refused (exit 2) when a source only streams
+        err.print("job mode: the run ends after the bounded phases", highlight=False)
 
     missing = check_kafka_reachable(settings, [s.topic for s in pipeline.streams().values() if s.topic is not None])
     for topic in missing:
@@ -296,6 +302,7 @@ def run(
     telemetry = RunTelemetry(settings.metrics, runner.snapshot, runner.health, port=metrics_port)
     with runner.locked(), telemetry:  # before Spark starts: a second runner is refused (or waits) at once
         runner.check_ledger()  # a checkpoint past what a sink holds is refused before Spark starts too
+        plan_before_spark(pipeline, settings)  # the bounded phases' tables: planned, or refused, before Spark too
         err.print(f"starting Spark for pipeline '{pipeline.name}' …", highlight=False)
         spark = build_spark_session(settings, app_name=f"cdcsync-{pipeline.name}")
         try:
@@ -355,6 +362,12 @@ def status(
         rows = "-" if sink.rows < 0 else f"{sink.rows:,}"
         sinks.add_row(Text(sink.sink), Text(target), last_batch, committed, rows)
     out.print(sinks)
+    if report.bounded:
+        bounded = Table("bounded source", "phase", "chunks landed")
+        for phase in report.bounded:
+            of = "not planned yet" if phase.chunks is None else f"{phase.chunks_done:,} of {phase.chunks:,}"
+            bounded.add_row(Text(phase.source), Text(phase.phase), of)
+        out.print(bounded)
     if report.dead_letters:
         out.print(
             f"dead letters: {report.dead_letters} message(s) in cdcsync.dead_letters, {report.dead_letter_keys} key(s) "

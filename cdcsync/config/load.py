@@ -14,6 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from cdcsync.config.base import did_you_mean
+from cdcsync.config.bounded import (
+    BoundedModel,
+    BoundedPlan,
+    ClickHouseTableSource,
+    DeltaTableSource,
+    HybridSource,
+    PostgresTableSource,
+)
 from cdcsync.config.checks import (
     Inputs,
     check_dynamic_table,
@@ -21,6 +29,7 @@ from cdcsync.config.checks import (
     check_source,
     check_toasted_columns,
     parses,
+    pydantic_problems,
     validate_entry,
     yaml_path,
 )
@@ -61,13 +70,15 @@ def _plan(
     declared: set[str],
     problems: list[str],
     plugin_sources: dict[str, PluginSource],
+    bounded: dict[str, BoundedPlan],
 ) -> tuple[PipelinePlan, Inputs]:
     """Plan the transforms (sqlglot is imported only when there are some) and gather what sinks may read."""
     typed = {sid: s for sid, s in sources.items() if all(parses(t) for t in s.columns.values())}
-    invalid = declared - set(sources) - set(all_transforms) - set(plugin_sources)
+    alone = {sid: plan for sid, plan in bounded.items() if not plan.streams}
+    invalid = declared - set(sources) - set(all_transforms) - set(plugin_sources) - set(alone)
     plugins = {tid: t for tid, t in all_transforms.items() if isinstance(t, ExecutorTransform)}
     transforms = {tid: t for tid, t in all_transforms.items() if not isinstance(t, ExecutorTransform)}
-    plan = PipelinePlan(source_of_node={source_id: source_id for source_id in sources})
+    plan = PipelinePlan(source_of_node={source_id: source_id for source_id in [*sources, *alone]})
     for source_id, source in typed.items():
         check_toasted_columns(source_id, source, problems)
     if transforms:
@@ -75,7 +86,7 @@ def _plan(
 
         streams = {sid: s.column_types() for sid, s in typed.items()}
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        unavailable = invalid | set(plugins) | set(plugin_sources) | (set(sources) - set(typed))
+        unavailable = invalid | set(plugins) | set(plugin_sources) | set(alone) | (set(sources) - set(typed))
         plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
         _refuse_plugin_inputs(transforms, {**plugins, **plugin_sources}, plan, problems)
@@ -86,6 +97,9 @@ def _plan(
         for sid, s in sources.items()
     }
     primary_keys: dict[str, list[str] | None] = {sid: s.primary_key for sid, s in sources.items()}
+    for sid, bounded_plan in alone.items():
+        columns[sid] = dict(bounded_plan.columns)
+        primary_keys[sid] = list(bounded_plan.primary_key)
     for step in plan.steps:
         columns[step.id] = dict(step.columns)
         primary_keys[step.id] = list(step.primary_key)
@@ -248,7 +262,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: the pipeline file must be a YAML mapping with name, sources and sinks")
     problems: list[str] = []
-    allowed_top = ["name", "sources", "transforms", "sinks"]
+    allowed_top = ["name", "job_mode", "sources", "transforms", "sinks"]
     for key in raw:
         if key not in allowed_top:
             problems.append(
@@ -263,6 +277,7 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
 
     sources: dict[str, KafkaSource] = {}
     plugin_sources: dict[str, PluginSource] = {}
+    bounded_models: dict[str, HybridSource | BoundedModel] = {}
     sinks: dict[str, SinkModel] = {}
     for section, registry, planned, into in (
         ("sources", SOURCE_TYPES, (), sources),
@@ -280,6 +295,10 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
             problems.extend(entry_problems)
             if isinstance(model, PluginSource):
                 plugin_sources[str(entry_id)] = model
+            elif isinstance(model, HybridSource | PostgresTableSource | ClickHouseTableSource | DeltaTableSource):
+                bounded_models[str(entry_id)] = model
+                if isinstance(model, HybridSource):
+                    _add_kafka_phase(str(entry_id), model, sources, problems)
             elif model is not None:
                 into[str(entry_id)] = model  # type: ignore[assignment]
 
@@ -322,8 +341,16 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     for transform_id, transform in transforms.items():
         if isinstance(transform, DynamicTable):
             check_dynamic_table(transform_id, transform, problems)
-    plan, inputs = _plan(sources, transforms, declared, problems, plugin_sources)
+    bounded = _plan_bounded(bounded_models, sources, problems)
+    plan, inputs = _plan(sources, transforms, declared, problems, plugin_sources, bounded)
     check_sinks(str(name), sinks, plan, inputs, problems)
+    job_mode = raw.get("job_mode", False)
+    if not isinstance(job_mode, bool):
+        problems.append(f"job_mode: {job_mode!r} must be true or false")
+        job_mode = False
+    _check_bounded_readers(bounded, transforms, sinks, plan, problems)
+    if job_mode:
+        problems.extend(job_mode_problems(sources, plugin_sources, bounded, "job_mode: true"))
 
     if problems:
         raise ConfigError(f"{where} is invalid", problems, hint="fix the keys above, then run `cdcsync validate` again")
@@ -337,7 +364,112 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
         source_schemas=source_schemas,
         routes=routes,
         routed_sinks=routed_sinks,
+        bounded=bounded,
+        job_mode=job_mode,
     )
+
+
+def _add_kafka_phase(
+    source_id: str, hybrid: HybridSource, sources: dict[str, KafkaSource], problems: list[str]
+) -> None:
+    """The hybrid's ``unbounded_source`` as the Kafka source streamed under its id (module doc of
+    :mod:`cdcsync.config.bounded`)."""
+    from pydantic import ValidationError
+
+    where = yaml_path("sources", source_id, "unbounded_source")
+    try:
+        sources[source_id] = KafkaSource.model_validate(hybrid.kafka_fields())
+    except ValidationError as error:
+        problems.extend(pydantic_problems(where, error, KafkaSource))
+    except ValueError as error:
+        problems.append(f"{where}.start_at: {error}")
+
+
+def _plan_bounded(
+    models: dict[str, HybridSource | BoundedModel], sources: dict[str, KafkaSource], problems: list[str]
+) -> dict[str, BoundedPlan]:
+    """The bounded phases of each hybrid (columns and key: its Kafka phase's, completed from its schema) and of
+    each bounded source alone (its own, required)."""
+    from cdcsync.config.bounded import check_phase_columns, plan_of
+
+    plans: dict[str, BoundedPlan] = {}
+    for source_id, model in models.items():
+        where = yaml_path("sources", source_id)
+        if isinstance(model, HybridSource):
+            kafka = sources.get(source_id)
+            if kafka is None or not all(parses(t) for t in kafka.columns.values()):
+                continue  # reported with the Kafka phase
+            if kafka.topic_pattern is not None:
+                problems.append(f"{where}.unbounded_source.topic_pattern: a hybrid streams one topic (topic:)")
+                continue
+            for index, phase in enumerate(model.bounded_sources):
+                for given in ("columns", "primary_key"):
+                    if getattr(phase, given):
+                        problems.append(f"{where}.bounded_sources.{index}.{given}: give it once, on the hybrid source")
+            phases, columns, key = tuple(model.bounded_sources), kafka.columns, kafka.primary_key
+            if not key:
+                problems.append(f"{where}.primary_key: required (the bounded phases read the table by key ranges)")
+                continue
+        else:
+            phases, columns, key = (model,), model.columns, model.primary_key
+            missing = [name for name in ("columns", "primary_key") if not getattr(model, name)]
+            if missing:
+                problems.extend(f"{where}.{name}: required key is missing for a bounded source" for name in missing)
+                continue
+        bad = [name for name, text in columns.items() if not parses(text)]
+        problems.extend(f"{where}.columns.{name}: '{columns[name]}' is not a type cdcsync knows" for name in bad)
+        unknown = [k for k in key or [] if k not in columns]
+        problems.extend(f"{where}.primary_key: '{k}' is not among its columns" for k in unknown)
+        if bad or unknown:
+            continue
+        bounded_plan = plan_of(source_id, phases, columns, key, isinstance(model, HybridSource))
+        for index, phase in enumerate(phases):
+            at = f"{where}.bounded_sources.{index}" if bounded_plan.streams else where
+            check_phase_columns(at, phase, dict(bounded_plan.columns), problems)
+        plans[source_id] = bounded_plan
+    return plans
+
+
+def _check_bounded_readers(
+    bounded: dict[str, BoundedPlan],
+    transforms: dict[str, TransformModel | ExecutorTransform],
+    sinks: dict[str, SinkModel],
+    plan: PipelinePlan,
+    problems: list[str],
+) -> None:
+    """A bounded phase lands its chunks straight in the sinks (:func:`cdcsync.engine.batch.land_rows`): SQL
+    transforms and Delta sinks, which run over a decoded Kafka batch, cannot read it yet."""
+    from cdcsync.config.pipeline import DeltaSink
+
+    for tid, transform in transforms.items():
+        for input_id in (transform.from_ or []) if isinstance(transform, SqlTransform) else []:
+            if input_id in bounded:
+                problems.append(
+                    f"transforms.{tid}.from: '{input_id}' is a bounded or hybrid source; SQL transforms read Kafka "
+                    "sources only (its sinks may read it directly)"
+                )
+    for sink_id, sink in sinks.items():
+        root = plan.source_of_node.get(sink.from_, sink.from_)
+        if isinstance(sink, DeltaSink) and root in bounded:
+            problems.append(
+                f"sinks.{sink_id}.from: '{sink.from_}' reads bounded or hybrid source '{root}', which Delta sinks "
+                "cannot read yet"
+            )
+
+
+def job_mode_problems(
+    sources: Mapping[str, KafkaSource],
+    plugin_sources: Mapping[str, object],
+    bounded: Mapping[str, BoundedPlan],
+    why: str,
+) -> list[str]:
+    """Job mode ends after the bounded phases: a source that only streams would never be read."""
+    endless = [sid for sid in [*sources, *plugin_sources] if sid not in bounded]
+    return [
+        f"sources.{sid}.type: streams without end; {why} needs every source bounded (postgres, clickhouse, delta) "
+        "or hybrid"
+        for sid in endless
+    ]
 
 
 def load_pipeline(path: Path, schema_for: SchemaLookup | None = None) -> Pipeline:

@@ -19,6 +19,13 @@ from pydantic import Field, SkipValidation, field_validator, model_validator
 from cdcsync.config import toast
 from cdcsync.config.base import StrictModel as _Model
 from cdcsync.config.base import as_key_list as _as_key_list
+from cdcsync.config.bounded import (
+    BoundedPlan,
+    ClickHouseTableSource,
+    DeltaTableSource,
+    HybridSource,
+    PostgresTableSource,
+)
 from cdcsync.config.code_transforms import CodeTransform
 from cdcsync.config.operators import OPERATOR_SINK_TYPES, OperatorSink
 from cdcsync.config.plan import PipelinePlan, TransformStep
@@ -429,7 +436,13 @@ AnySink = PostgresSink | PostgresAggregateSink
 """Sinks that land in Postgres through the ledgered merge."""
 SinkModel = PostgresSink | PostgresAggregateSink | ClickHouseSink | DeltaSink | OperatorSink | PluginSink
 
-SOURCE_TYPES: dict[str, type[_Model]] = {"kafka": KafkaSource}
+SOURCE_TYPES: dict[str, type[_Model]] = {
+    "kafka": KafkaSource,
+    "postgres": PostgresTableSource,
+    "clickhouse": ClickHouseTableSource,
+    "delta": DeltaTableSource,
+    "hybrid": HybridSource,
+}
 SINK_TYPES: dict[str, type[_Model]] = {
     "postgres": PostgresSink,
     "postgres_aggregate": PostgresAggregateSink,
@@ -443,6 +456,9 @@ PLANNED_SINK_TYPES = ("dynamic_table",)
 class Pipeline(_Model):
     name: str
     sources: dict[str, KafkaSource]
+    """Kafka sources, the Kafka phase of hybrid sources included; bounded sources alone are in ``bounded``."""
+    job_mode: bool = False
+    """End the run after the bounded phases (every source must be bounded or hybrid)."""
     transforms: dict[str, TransformModel | PluginTransform | CodeTransform] = Field(default_factory=dict)
     sinks: dict[str, SinkModel]
     path: Path | None = Field(default=None, exclude=True)
@@ -459,6 +475,8 @@ class Pipeline(_Model):
     """``topic_pattern`` source id -> topic -> the id of that table's source (also in ``sources``)."""
     routed_sinks: dict[str, PostgresSink | ClickHouseSink] = Field(default_factory=dict, exclude=True)
     """Routed sinks as declared, by id; ``sinks`` holds one :class:`RoutedPostgresSink` per table instead."""
+    bounded: SkipValidation[dict[str, BoundedPlan]] = Field(default_factory=dict, exclude=True)
+    """The bounded phases of hybrid sources and bounded sources alone, by source id (:mod:`cdcsync.config.bounded`)."""
 
     def streams(self) -> dict[str, KafkaSource]:
         """The sources read by a streaming query each: all but the tables of ``topic_pattern`` sources, which
@@ -484,10 +502,14 @@ class Pipeline(_Model):
     def columns_of(self, node_id: str) -> dict[str, PgType]:
         """Business columns of a source or SQL transform, in order (the ``_cdc_*`` columns are implied)."""
         step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
+        if step is None and node_id not in self.sources and node_id in self.bounded:
+            return dict(self.bounded[node_id].columns)
         return dict(step.columns) if step is not None else self.sources[node_id].column_types()
 
     def primary_key_of(self, node_id: str) -> list[str] | None:
         step = self.step_of(node_id) or self.plan.plugin_steps.get(node_id) or self.plan.plugin_sources.get(node_id)
+        if step is None and node_id not in self.sources and node_id in self.bounded:
+            return list(self.bounded[node_id].primary_key)
         return list(step.primary_key) if step is not None else self.sources[node_id].primary_key
 
     def postgres_sinks(self) -> dict[str, AnySink]:

@@ -160,6 +160,8 @@ class Settings(BaseSettings):
     state_dir: Path = Path(".cdcsync")
     """Checkpoints and dev-stack data live here."""
     migrations_dir: Path = Path("migrations")
+    job_mode: bool = False
+    """End ``run`` after the bounded phases, as the pipeline's ``job_mode: true`` does."""
 
     @model_validator(mode="after")
     def _default_to_dev_stack(self) -> Settings:

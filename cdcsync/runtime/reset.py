@@ -60,7 +60,11 @@ def plan_reset(pipeline: Pipeline, settings: Settings, sink: str | None = None) 
             raise UserError(f"pipeline '{pipeline.name}' has no sink '{sink}' (its sinks: {known})")
         sources = [sid for sid in streams if any(m in pipeline.sinks_of(sid) for m in matching)]
         sinks = matching
-    return ResetPlan(pipeline.name, sources, sinks, [settings.checkpoint_dir(pipeline.name, s) for s in sources])
+    # a backfill's progress goes with its ledger rows: the next run reads its chunks again
+    bounded = [sid for sid in pipeline.bounded if sink is None or any(m in pipeline.sinks_of(sid) for m in sinks)]
+    checkpoints = [settings.checkpoint_dir(pipeline.name, s) for s in sources]
+    checkpoints += [settings.checkpoint_dir(pipeline.name, f"{s}.bounded") for s in bounded]
+    return ResetPlan(pipeline.name, [*sources, *(f"{s}.bounded" for s in bounded)], sinks, checkpoints)
 
 
 def reset(plan: ResetPlan, settings: Settings) -> ResetResult:

@@ -7,7 +7,7 @@ pipeline streams.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +47,17 @@ class SinkStatus:
 
 
 @dataclass(frozen=True)
+class BoundedStatus:
+    """A bounded phase's progress, from its progress file (:mod:`cdcsync.runtime.bounded`)."""
+
+    source: str
+    phase: str
+    chunks_done: int
+    chunks: int | None
+    """None until the first run has planned the phase."""
+
+
+@dataclass(frozen=True)
 class PipelineStatus:
     partitions: list[PartitionStatus]
     sinks: list[SinkStatus]
@@ -55,6 +66,7 @@ class PipelineStatus:
     """Distinct (topic, message key) among the dead letters: targets whose rows for them may be stale."""
     running: LockHolder | None = None
     """The run holding the pipeline's lock, None when no run is streaming it."""
+    bounded: list[BoundedStatus] = field(default_factory=list)
 
     def to_json(self, pipeline: str) -> dict[str, Any]:
         """The same facts as the tables ``cdcsync status`` prints, for scripts (``status --json``): times in ISO
@@ -86,6 +98,10 @@ class PipelineStatus:
                     "rows": s.rows,
                 }
                 for s in self.sinks
+            ],
+            "bounded": [
+                {"source": b.source, "phase": b.phase, "chunks_done": b.chunks_done, "chunks": b.chunks}
+                for b in self.bounded
             ],
             "dead_letters": {"messages": self.dead_letters, "keys": self.dead_letter_keys},
             "running": None
@@ -179,7 +195,10 @@ def pipeline_status(pipeline: Pipeline, settings: Settings) -> PipelineStatus:
             retriable=True,
         ) from None
     messages, keys = (int(dead[0]), int(dead[1])) if dead else (0, 0)
-    return PipelineStatus(partitions, sinks, messages, keys, running)
+    from cdcsync.runtime.bounded import progress_of
+
+    bounded = [BoundedStatus(*phase) for phase in progress_of(pipeline, settings)]
+    return PipelineStatus(partitions, sinks, messages, keys, running, bounded)
 
 
 def _delta_status(conn: Any, pipeline: Pipeline, sink_id: str, sink: DeltaSink) -> SinkStatus:

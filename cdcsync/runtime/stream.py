@@ -500,12 +500,16 @@ class PipelineRunner:
     def run(self, spark: SparkSession, on_progress: Callable[[RunSnapshot], None] | None = None) -> RunSnapshot:
         with self.locked():  # before anything touches a stage or the checkpoint
             self.check_ledger()
-            for source_id, source in self.pipeline.streams().items():
+            from cdcsync.runtime.bounded import job_mode, run_bounded
+
+            assert self.lock is not None
+            finished = run_bounded(spark, self.pipeline, self.settings, self.lock, self._stop, self.handlers)
+            streams = {} if not finished or job_mode(self.pipeline, self.settings) else self.pipeline.streams()
+            for source_id, source in streams.items():
                 self._start_query(spark, source_id, source)
-            for plugin_source in self.pipeline.plan.plugin_sources.values():
+            for plugin_source in self.pipeline.plan.plugin_sources.values() if finished else ():
                 from cdcsync.runtime.plugin_sources import start_plugin_query
 
-                assert self.lock is not None
                 handler, self.queries[plugin_source.id] = start_plugin_query(
                     spark, self.pipeline, plugin_source, self.settings, self.lock.ensure_held, self.available_now
                 )

@@ -572,3 +572,27 @@ def test_hstore_lands_and_keeps_its_stored_value_for_the_placeholder(postgres_ds
     assert stored() == pairs
     stage(1, 20, str(PLACEHOLDER_BY_KIND["hstore"]))
     assert stored() == pairs
+
+
+def test_backfilled_rows_rank_below_every_streamed_change(sink: PostgresUpsertSink) -> None:
+    """A bounded phase's rows (op c, version (0, phase): cdcsync.config.bounded.phase_version) that arrive after
+    streamed changes of their keys change nothing: not a newer row, not a deleted key, not a truncated table, not
+    a Debezium snapshot read; they fill in keys nothing streamed, and a later phase outranks an earlier one. They
+    are no snapshot reads, so they never stop the run as a source that went back."""
+    from cdcsync.config.bounded import phase_version
+
+    first, second = phase_version(1), phase_version(2)
+    land(sink, 0, [change("c", 1, position(5000, 5010), "streamed"), change("r", 2, 4000, "debezium snapshot")])
+    land(sink, 1, [change("c", 3, position(5100, 5110), "x"), change("d", 3, position(5200, 5210), None, None)])
+    land(sink, 2, [change(op, key, first, "backfill") for op, key in (("c", 1), ("c", 2), ("c", 3), ("c", 4))])
+    assert {key: row["Name"] for key, row in live(sink).items()} == {
+        1: "streamed",
+        2: "debezium snapshot",
+        4: "backfill",
+    }
+    land(sink, 3, [change("c", 4, second, "phase 2"), change("c", 5, first, "phase 1")])
+    land(sink, 4, [change("c", 5, first, "phase 1 again"), change("c", 4, first, "phase 1 late")])
+    assert {key: live(sink)[key]["Name"] for key in (4, 5)} == {4: "phase 2", 5: "phase 1"}
+    land(sink, 5, [truncate(position(6000, 6010))])
+    land(sink, 6, [change("c", 6, first, "backfill after the truncate")])
+    assert live(sink) == {}

@@ -261,3 +261,12 @@ def test_pg_types_parse_to_canonical_sql_and_spark(text: str, sql: str, spark: s
 def test_bad_pg_types_are_refused(text: str) -> None:
     with pytest.raises(UnknownTypeError):
         parse_pg_type(text)
+
+
+def test_bundled_backfill_example_is_valid() -> None:
+    example = Path(__file__).parents[2] / "examples" / "backfill.yaml"
+    pipeline = load_pipeline(example)
+    assert pipeline.bounded["orders"].streams and pipeline.sources["orders"].topic == "shop.public.orders"
+    assert migrations.plan(POSTGRES, pipeline, example.parents[1] / "migrations") == [], (
+        "run `cdcsync init examples/backfill.yaml` and commit the file"
+    )

@@ -30,6 +30,7 @@ def test_status_as_json() -> None:
              "rows": 42},
             {"sink": "new", "target": "app.new", "last_batch": None, "committed_at": None, "rows": 0},
         ],
+        "bounded": [],
         "dead_letters": {"messages": 3, "keys": 2},
         "running": {"pid": 4242, "host": "worker-1", "since": "2026-11-26T14:00:00+00:00", "backend_pid": 11,
                     "client_addr": None},

@@ -343,3 +343,48 @@ def test_unknown_type_is_refused() -> None:
             columns=[{"name": "x", "type": "text; DROP TABLE t"}],
             **values,
         )
+
+
+def test_bounded_postgres_reads_golden() -> None:
+    """A bounded Postgres source's plan and range reads: every name quoted, every bound a parameter cast to the
+    key column's type, bytea as hex."""
+    key = [("Re gion", "text"), ('we"ird', "bigint")]
+    bounds = render("postgres/bounded/key_bounds.sql.j2", schema="My App", table="select", key=[n for n, _ in key])
+    reads = [
+        render(
+            "postgres/bounded/read_range.sql.j2",
+            schema="My App",
+            table="select",
+            columns=[*key, ("blob", "bytea"), ("at", "timestamp with time zone")],
+            key=key,
+            lower=lower,
+            upper=upper,
+        )
+        for lower, upper in ((True, True), (False, True), (True, False), (False, False))
+    ]
+    check_golden("bounded_postgres.sql", "\n".join([bounds, *reads]))
+    assert '"We""ird"' not in bounds and '"we""ird"' in bounds
+    assert reads[0].count("%(lo") == 2 and reads[0].count("%(hi") == 2 and "%(" not in reads[3]
+
+
+def test_bounded_clickhouse_reads_golden() -> None:
+    """A bounded ClickHouse source's plan and range reads: names quoted, bounds server-side parameters cast to the
+    key's ClickHouse type, FINAL only when asked."""
+    bounds = render(
+        "clickhouse/bounded/key_bounds.sql.j2", database="my db", table="select", key=["Re gion", "we`ird"], final=True
+    )
+    reads = [
+        render(
+            "clickhouse/bounded/read_range.sql.j2",
+            database="my db",
+            table="select",
+            final=False,
+            columns=[("Re gion", "text"), ("we`ird", "bigint"), ("blob", "bytea")],
+            key=[("Re gion", "String"), ("we`ird", "DateTime64(6, 'UTC')")],
+            lower=lower,
+            upper=upper,
+        )
+        for lower, upper in ((True, True), (False, False))
+    ]
+    check_golden("bounded_clickhouse.sql", "\n".join([bounds, *reads]))
+    assert " FINAL" in bounds and " FINAL" not in reads[0] and "{lo1:String}" in reads[0] and "{" not in reads[1]
