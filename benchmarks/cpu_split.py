@@ -100,12 +100,10 @@ def main() -> None:
 def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
     import psycopg
 
-    from benchmarks.common import fresh_database, machine_line
-    from cdcsync import migrations
+    from benchmarks.common import fresh_database, machine_line, prepare_pipeline
     from cdcsync.config.load import validate_pipeline_dict
     from cdcsync.config.settings import load_settings
     from cdcsync.devstack import workload
-    from cdcsync.migrations import POSTGRES
     from cdcsync.runtime.spark import build_spark_session
     from cdcsync.runtime.stream import PipelineRunner
 
@@ -132,15 +130,7 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
                     "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
                 }
             )
-            settings = load_settings(
-                postgres__dsn=dsn,
-                kafka__bootstrap_servers=bootstrap,
-                state_dir=root / f"state{n}",
-                migrations_dir=root / f"migrations{n}",
-            )
-            migrations.init(POSTGRES, pipeline, settings.migrations_dir)
-            with psycopg.connect(dsn) as conn:
-                migrations.apply_pending(POSTGRES, conn, pipeline.name, settings.migrations_dir)
+            settings = prepare_pipeline(pipeline, root, dsn, bootstrap)
             before = {group: _usage(group) for group in GROUPS}
             jvm_before, driver_before = _process_cpu(jvm), _process_cpu(os.getpid())
             started = time.perf_counter()
