@@ -37,23 +37,44 @@ VERSION = "_cdc_version"
 
 def rank_tombstones(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
     """Give each tombstone (a null ``_cdc_version``) of ``table`` (one task's changes) the version of the newest
-    change of its key at a lower offset; those without one stay null (lone)."""
+    change of its key at a lower offset; those without one stay null (lone).
+
+    Vectorised (a task holds hundreds of thousands of rows, a tenth of them tombstones; a Python loop over them
+    was a fifth of the workers' CPU): the rows sorted by key and offset, each version replaced by its rank among
+    the versions (0 for a tombstone), the ranks offset by their key group's number so that one running maximum over
+    the sorted rows never reaches into a previous group. At a tombstone that maximum is the rank of its key's newest
+    version so far (0: none, the tombstone stays lone)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     versions = table.column(VERSION)
     if versions.null_count == 0 or "_cdc_offset" not in table.column_names:
         return table
-    values = versions.to_pylist()
-    keys = list(zip(*(table.column(k).to_pylist() for k in primary_key), strict=True))
-    offsets = table.column("_cdc_offset").to_pylist()
-    wanted = {keys[i] for i, version in enumerate(values) if version is None}
-    newest: dict[tuple[Any, ...], Any] = {}
-    for i in sorted((i for i, key in enumerate(keys) if key in wanted), key=offsets.__getitem__):
-        if values[i] is None:
-            values[i] = newest.get(keys[i])
-        elif keys[i] not in newest or values[i] > newest[keys[i]]:
-            newest[keys[i]] = values[i]
-    return table.set_column(table.schema.get_field_index(VERSION), VERSION, pa.array(values, type=versions.type))
+    versions = versions.combine_chunks()
+    n = table.num_rows
+    order = pc.sort_indices(table, sort_keys=[*((k, "ascending") for k in primary_key), ("_cdc_offset", "ascending")])
+    in_order = versions.take(order)
+    tombstone = pc.is_null(in_order)
+    by_version = pc.sort_indices(in_order)  # tombstones last
+    ranks = pc.if_else(tombstone, 0, pc.add(pc.sort_indices(by_version), 1).cast(pa.int64()))
+    new_group: pa.Array | None = None
+    for key in primary_key:
+        column = table.column(key).combine_chunks().take(order)
+        later, earlier = column.slice(1), column.slice(0, n - 1)
+        if pa.types.is_null(column.type):  # every key null (Arrow typed it so): one group
+            differs = pa.array([False] * (n - 1), pa.bool_())
+        else:  # null keys group together, as equal Python tuples did
+            both_null = pc.and_(pc.is_null(later), pc.is_null(earlier))
+            differs = pc.if_else(both_null, False, pc.fill_null(pc.not_equal(later, earlier), True))
+        differs = pa.concat_arrays([pa.array([True]), differs.cast(pa.bool_())])
+        new_group = differs if new_group is None else pc.or_(new_group, differs)
+    assert new_group is not None
+    base = pc.multiply(pc.cumulative_sum(new_group.cast(pa.int64())), n + 1)
+    newest = pc.subtract(pc.cumulative_max(pc.add(base, ranks)), base)
+    by_rank = pa.concat_arrays([pa.nulls(1, versions.type), in_order.take(by_version)])
+    ranked = pc.if_else(tombstone, by_rank.take(newest), in_order)
+    values = ranked.take(pc.sort_indices(order))
+    return table.set_column(table.schema.get_field_index(VERSION), VERSION, values)
 
 
 def lone(table: pa.Table) -> pa.Array | None:
