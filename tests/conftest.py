@@ -81,6 +81,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, marker))
         if grouped and any(path.as_posix().startswith(prefix) for prefix in _FIXED_PORT_PATHS):
             item.add_marker(pytest.mark.xdist_group(_FIXED_PORT_GROUP))
+    if hasattr(config, "workerinput"):
+        # the group is the longest unit of work (minutes): handed out first, it cannot become the run's tail
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
