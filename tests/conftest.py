@@ -48,9 +48,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from cdcsync.devstack import DevStackConfig
 
 TESTS_DIR = Path(__file__).parent
 PUBLIC_IMAGES = {
@@ -128,7 +131,7 @@ class Services:
     ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL`` (the ``schema_registry_url`` fixture then starts an Apicurio of its own)."""
 
 
-def _dev_stack_config(state_dir: Path) -> Any:
+def _dev_stack_config(state_dir: Path) -> DevStackConfig:
     from cdcsync.devstack import DevStackConfig
 
     return DevStackConfig(
@@ -141,7 +144,7 @@ def _dev_stack_config(state_dir: Path) -> Any:
     )
 
 
-def _dev_stack_services(config: Any) -> Services:
+def _dev_stack_services(config: DevStackConfig) -> Services:
     from cdcsync.devstack import apicurio
 
     return Services(
