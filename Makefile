@@ -30,8 +30,12 @@ lint: install
 	$(BIN)/lint-imports --no-logo
 
 # Long fault variants (1M changes, 100 kills, 60 s outages) carry the `soak` marker: `make soak` only.
+# Two pytest-xdist workers: end-to-end tests spend much of their time waiting on Debezium, Kafka and Spark's
+# micro-batches, so two of them share 2 cores well. Tests on fixed ports of their own (the fault suite's private
+# services) run on one worker, one after another (tests/conftest.py). XDIST= runs everything in one process.
+XDIST ?= -n 2 --dist loadgroup
 test: jars lint
-	$(BIN)/pytest -m "not soak" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not soak" $(XDIST) $(PYTEST_ARGS)
 
 unit: install
 	$(BIN)/pytest -m unit $(PYTEST_ARGS)
@@ -105,7 +109,7 @@ container-images: jars
 # its published ports are on loopback, where Kafka Connect, started on the host by the tests, expects them.
 CONTAINERS_SMOKE_TESTS ?= tests/integration/test_introspection.py tests/integration/test_apicurio_registry.py \
 	tests/integration/test_clickhouse_sink.py tests/integration/test_migrations_pg.py \
-	tests/e2e/test_debezium_routing.py
+	tests/e2e/test_debezium_source.py::test_debezium_changes_mirror_the_source
 containers-smoke: jars
 	containers/dockerd-up
 	$(BIN)/python containers/build.py --only postgres kafka schema-registry clickhouse

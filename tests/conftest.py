@@ -19,8 +19,14 @@ The schema registry is the dev stack's Apicurio Registry (port 28081, its Conflu
 
 Real Debezium (Kafka Connect standalone with the Debezium Postgres connector, ``cdcsync.devstack.debezium``) is
 started only for tests that ask for ``debezium_connect`` / ``debezium_source``, on port 28083
-(``CDCSYNC_TEST_CONNECT_PORT``), against the session's Postgres and Kafka; ``CDCSYNC_TEST_CONNECT_URL`` names a
-Connect worker you already run (it must reach the same Postgres and Kafka).
+(``CDCSYNC_TEST_CONNECT_PORT``; under pytest-xdist each worker on its own, that port plus the worker's number),
+against the session's Postgres and Kafka; ``CDCSYNC_TEST_CONNECT_URL`` names a Connect worker you already run (it
+must reach the same Postgres and Kafka).
+
+``make test`` runs two pytest-xdist workers (``-n 2 --dist loadgroup``). They share one dev stack: the controller
+names its directory, the first worker that needs a service starts it, the controller stops it at the end. Tests
+that start services on fixed ports of their own (``tests/faults``) form one xdist group, so one worker runs them one
+after another; the fault figures travel to the controller with the test reports.
 
 Tests are marked by directory (``unit``, ``integration``, ``e2e``) so ``pytest -m unit`` needs no services.
 ``faults`` tests (``tests/faults/``: the real CLI while something fails) are end-to-end tests too: they carry both
@@ -42,9 +48,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from cdcsync.devstack import DevStackConfig
 
 TESTS_DIR = Path(__file__).parent
 PUBLIC_IMAGES = {
@@ -67,11 +76,17 @@ _TIER_MARKERS = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        tier = Path(str(item.fspath)).relative_to(TESTS_DIR).parts[0]
-        for marker in _TIER_MARKERS.get(tier, ()):
+        path = Path(str(item.fspath)).relative_to(TESTS_DIR)
+        for marker in _TIER_MARKERS.get(path.parts[0], ()):
             if not any(item.iter_markers(name=marker)):
                 item.add_marker(getattr(pytest.mark, marker))
+        if grouped and any(path.as_posix().startswith(prefix) for prefix in _FIXED_PORT_PATHS):
+            item.add_marker(pytest.mark.xdist_group(_FIXED_PORT_GROUP))
+    if hasattr(config, "workerinput"):
+        # the group is the longest unit of work (minutes): handed out first, it cannot become the run's tail
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -80,6 +95,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if os.environ.get("CDCSYNC_TEST_NO_SKIPS") and reporter is not None and reporter.stats.get("skipped"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+FIGURES_PROPERTY = "fault_figures"
+"""The name of a fault figures row in a test report's ``user_properties``."""
+_FAULT_FIGURES: list[dict[str, Any]] = []
+"""The fault tests' figures rows (``tests/faults/harness.py``), gathered from test reports (xdist's workers' too)."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _FAULT_FIGURES.extend(value for name, value in report.user_properties if name == FIGURES_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault figures table at the end of a session that ran fault tests: ``make faults`` shows it,
+    ``docs/operations.md`` keeps it."""
+    if _FAULT_FIGURES:
+        from tests.faults.harness import Figures, figures_table
+
+        terminalreporter.section("fault figures")
+        terminalreporter.write_line(figures_table([Figures(**row) for row in _FAULT_FIGURES]))
 
 
 @dataclass(frozen=True)
@@ -95,27 +131,101 @@ class Services:
     ``CDCSYNC_TEST_SCHEMA_REGISTRY_URL`` (the ``schema_registry_url`` fixture then starts an Apicurio of its own)."""
 
 
-def _dev_stack(tmp_root: Path) -> Iterator[Services]:
-    from cdcsync.devstack import DevStackConfig, apicurio, down, up
+def _dev_stack_config(state_dir: Path) -> DevStackConfig:
+    from cdcsync.devstack import DevStackConfig
 
-    config = DevStackConfig(
-        state_dir=tmp_root,
+    return DevStackConfig(
+        state_dir=state_dir,
         postgres_port=55441,
         kafka_port=29192,
         kafka_controller_port=29193,
         clickhouse_port=28123,
         schema_registry_port=28081,
     )
+
+
+def _dev_stack_services(config: DevStackConfig) -> Services:
+    from cdcsync.devstack import apicurio
+
+    return Services(
+        postgres_dsn=f"postgresql://cdcsync@127.0.0.1:{config.postgres_port}/cdcsync",
+        bootstrap_servers=f"127.0.0.1:{config.kafka_port}",
+        clickhouse_url=f"http://default@127.0.0.1:{config.clickhouse_port}",
+        schema_registry_url=apicurio.url(config),
+    )
+
+
+def _dev_stack(tmp_root: Path) -> Iterator[Services]:
+    from cdcsync.devstack import down, up
+
+    config = _dev_stack_config(tmp_root)
     up(config)
     try:
-        yield Services(
-            postgres_dsn=f"postgresql://cdcsync@127.0.0.1:{config.postgres_port}/cdcsync",
-            bootstrap_servers=f"127.0.0.1:{config.kafka_port}",
-            clickhouse_url=f"http://default@127.0.0.1:{config.clickhouse_port}",
-            schema_registry_url=apicurio.url(config),
-        )
+        yield _dev_stack_services(config)
     finally:
         down(config)
+
+
+# ------------------------------------------------------------------------------ pytest-xdist (make test's -n 2)
+
+_SHARED_STACK_ENV = "CDCSYNC_TEST_SHARED_STACK_DIR"
+"""Set by the xdist controller for its workers: where the one dev stack of the whole run lives."""
+_SHARED_STACK_KEY = pytest.StashKey[Path]()
+_FIXED_PORT_GROUP = "fixed_ports"
+"""The xdist group of tests that start services on fixed ports of their own (the fault suite's private stack, the
+Spark cluster): one worker runs them all, one after another."""
+_FIXED_PORT_PATHS = ("faults", "e2e/test_spark_cluster.py")
+
+
+def _services_given() -> bool:
+    return bool(os.environ.get("CDCSYNC_TEST_POSTGRES_DSN") and os.environ.get("CDCSYNC_TEST_KAFKA_BOOTSTRAP"))
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def xdist_worker_index() -> int:
+    """0 outside xdist and on its first worker (``gw0``), 1 on ``gw1``, ...: for ports each worker needs alone."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist the workers share one dev stack (its ports are fixed): the controller names its directory
+    here, the first worker that needs services starts it (:func:`_shared_dev_stack`), and the controller stops it
+    when the run ends, after every worker is done with it."""
+    if _xdist_controller(config) and not _services_given() and os.environ.get("CDCSYNC_TEST_STACK") != "containers":
+        root = Path(tempfile.mkdtemp(prefix="cdcsync-test-stack-"))
+        os.environ[_SHARED_STACK_ENV] = str(root)  # workers start after this hook and inherit the environment
+        config.stash[_SHARED_STACK_KEY] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_SHARED_STACK_KEY, None)
+    if root is None:
+        return
+    if (root / "stack").exists():
+        from cdcsync.devstack import down
+
+        down(_dev_stack_config(root / "stack"))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _shared_dev_stack(root: Path) -> Services:
+    """The run's dev stack, started by the first worker to get here (the others wait on the lock, then reuse it)."""
+    import fcntl
+
+    from cdcsync.devstack import up
+
+    config = _dev_stack_config(root / "stack")
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = root / "started"
+        if not started.exists():
+            (root / "stack").mkdir(exist_ok=True)
+            up(config)
+            started.touch()
+    return _dev_stack_services(config)
 
 
 def container_image(service: str) -> str:
@@ -203,6 +313,8 @@ def services() -> Iterator[Services]:
         )
     elif os.environ.get("CDCSYNC_TEST_STACK") == "containers":
         yield from _containers()
+    elif os.environ.get(_SHARED_STACK_ENV):
+        yield _shared_dev_stack(Path(os.environ[_SHARED_STACK_ENV]))
     else:
         # Not under pytest's basetemp: a second pytest session rotates old basetemps away, and must not delete
         # the data directory of a Postgres this session is still using.
@@ -412,7 +524,8 @@ def debezium_connect(services: Services) -> Iterator[DebeziumConnect]:
         state_dir=state_dir,
         postgres_port=pg_port,
         kafka_port=int(kafka_port),
-        connect_port=int(os.environ.get("CDCSYNC_TEST_CONNECT_PORT", DEFAULT_TEST_CONNECT_PORT)),
+        # each xdist worker runs a Connect worker of its own, on the next port up
+        connect_port=int(os.environ.get("CDCSYNC_TEST_CONNECT_PORT", DEFAULT_TEST_CONNECT_PORT)) + xdist_worker_index(),
     )
     connect = debezium.KafkaConnect(config)
     try:

@@ -14,6 +14,7 @@ session: ``make faults`` shows it, ``docs/operations.md`` keeps it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -28,9 +29,9 @@ import pytest
 
 from cdcsync.devstack.common import DevStackConfig
 from cdcsync.devstack.service import Service
-from tests.conftest import ClickHouseDatabase
+from tests.conftest import FIGURES_PROPERTY, ClickHouseDatabase
 from tests.e2e.conftest import Project, make_project
-from tests.faults.harness import FIGURES, FaultWorkload, figures_table, prepare_workload
+from tests.faults.harness import FIGURES, FaultWorkload, prepare_workload
 
 __all__ = ["make_project"]
 
@@ -147,7 +148,11 @@ def fault_workload(
     return make
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if FIGURES:
-        terminalreporter.section("fault figures")
-        terminalreporter.write_line(figures_table())
+@pytest.fixture(autouse=True)
+def _report_figures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The rows this test recorded travel with its teardown report: under xdist they are recorded in a worker, and
+    the figures table is printed by the controller."""
+    before = len(FIGURES)
+    yield
+    for row in FIGURES[before:]:
+        request.node.user_properties.append((FIGURES_PROPERTY, dataclasses.asdict(row)))

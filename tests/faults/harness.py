@@ -61,21 +61,21 @@ class Figures:
 
 
 FIGURES: list[Figures] = []
-"""Rows recorded in this session, printed by the fault suite's ``pytest_terminal_summary``."""
-
+"""Rows recorded by the tests run in this process; ``tests/faults/conftest.py`` hands each test's rows on with its
+report, so the table (``tests/conftest.py``'s ``pytest_terminal_summary``) also has those of xdist's workers."""
 
 def record(figures: Figures) -> Figures:
     FIGURES.append(figures)
     return figures
 
 
-def figures_table() -> str:
+def figures_table(rows: list[Figures]) -> str:
     """The table as docs/operations.md keeps it (Markdown)."""
     lines = [
         "| fault | injected | changes sent | lost | applied twice | time to recover |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for row in FIGURES:
+    for row in rows:
         recover = "-" if row.recover_s is None else f"{row.recover_s:.1f} s"
         lines.append(f"| {row.fault} | {row.injected} | {row.sent:,} | {row.lost} | {row.twice} | {recover} |")
     return "\n".join(lines)
