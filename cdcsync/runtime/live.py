@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cdcsync.runtime.stream import RunSnapshot
+from cdcsync.runtime.progress import RunSnapshot
 
 
 def render_snapshot(snapshot: RunSnapshot) -> Group:

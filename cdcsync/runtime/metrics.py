@@ -1,7 +1,7 @@
 """Prometheus metrics and a health endpoint for ``cdcsync run`` (``--metrics-port``, ``CDCSYNC__METRICS__PORT``).
 
 Nothing here counts rows itself: every figure is one the run already keeps on the driver for its live view
-(:class:`~cdcsync.runtime.stream.RunSnapshot`: Spark's progress for the rows read and the lag, the staging
+(:class:`~cdcsync.runtime.progress.RunSnapshot`: Spark's progress for the rows read and the lag, the staging
 tasks' row counts and the merges' results for the sinks), read when a scraper asks. So a scrape costs no pass over
 the data and cannot disagree with what ``run`` prints at its end.
 
@@ -33,7 +33,7 @@ from cdcsync.core.errors import ServiceError, UserError
 
 if TYPE_CHECKING:
     from cdcsync.config.settings import MetricsSettings
-    from cdcsync.runtime.stream import RunSnapshot
+    from cdcsync.runtime.progress import RunSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdcsync.runtime.metrics import Durations, Health, MetricsServer, RunCollector
-from cdcsync.runtime.stream import RunSnapshot, SinkStats, SourceStats
+from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats
 
 
 def _snapshot() -> RunSnapshot:

@@ -15,8 +15,8 @@ from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.runtime.checkpoint import committed_offsets
+from cdcsync.runtime.progress import SourceStats, _lag, record_progress
 from cdcsync.runtime.replay import replay_batch_id
-from cdcsync.runtime.stream import SourceStats, _lag, record_progress
 from cdcsync.sinks import tombstones
 from cdcsync.sinks.postgres import newest_per_key
 
@@ -472,7 +472,7 @@ def test_the_live_view_shows_what_a_batch_is_retrying() -> None:
     from rich.console import Console
 
     from cdcsync.runtime.live import render_snapshot
-    from cdcsync.runtime.stream import RunSnapshot, SourceStats
+    from cdcsync.runtime.progress import RunSnapshot, SourceStats
 
     stats = SourceStats(waiting="source 'orders' batch 4: sink 'mirror': connection refused")
     snapshot = RunSnapshot(pipeline="shop", sources={"orders": stats}, sinks={}, sink_targets={}, elapsed=3.0)
