@@ -243,6 +243,7 @@ class PostgresUpsertSink(LedgeredSink):
             "value_columns": self.value_columns,
             "toastable": self.toastable,
             "toast_types": {name: columns[name].sql for name in self.toastable},
+            "key_types": {name: columns[name].sql for name in self.primary_key},
             "internal_schema": names.INTERNAL_SCHEMA,
             "pipeline": pipeline.name,
             "sink_id": sink_id,
