@@ -27,9 +27,9 @@ History: for every key the batch touches, the chain of the stored versions and t
 on (key, ``_cdc_version``): rows whose validity changed are updated, new versions inserted, in one commit, whatever
 order the versions arrived in.
 
-Debezium's placeholder for an unchanged TOASTed value is handled for text-like columns (text, json, jsonb, hstore):
-an older value of the same batch is carried, else the stored one is kept. Other kinds (bytea, arrays) are written as
-they arrive: use ``REPLICA IDENTITY FULL`` for such columns (docs/delta.md).
+Debezium's placeholder for an unchanged TOASTed value, in every form the Postgres sinks recognise (text, json,
+jsonb, hstore, bytea and the arrays that have one, :mod:`cdcsync.config.toast`): an older value of the same batch
+is carried, else the MERGE keeps the stored one (mirrors; history rows take only the batch's carry).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import toast
-from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+from cdcsync.config.toast import PLACEHOLDER_BYTES
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.names import KEY_MOVE_OP
 from cdcsync.db.ledger import LedgeredSink
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-_TEXT_KINDS = ("text", "json", "jsonb", "hstore")
-"""Placeholder kinds whose value is one string in Spark: carried and kept by the MERGE."""
 _VIEW_COUNTER = itertools.count()
 
 
@@ -70,10 +68,21 @@ class DeltaTableSink(LedgeredSink):
         self.columns = tuple(pipeline.columns_of(sink.from_))
         self.primary_key = tuple(self.state["primary_key"])
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
-        kinds = toast.toastable({name: pipeline.columns_of(sink.from_)[name] for name in self.value_columns})
-        self.carried = tuple(name for name, kind in kinds.items() if kind in _TEXT_KINDS)
-        """Text-like columns that may hold Debezium's placeholder (see the module doc)."""
-        self.placeholders = {name: str(PLACEHOLDER_BY_KIND[kinds[name]]) for name in self.carried}
+        columns = pipeline.columns_of(sink.from_)
+        kinds = toast.toastable({name: columns[name] for name in self.value_columns})
+        self.carried = tuple(kinds)
+        """Columns that may hold Debezium's placeholder (see the module doc)."""
+        self.placeholders = {
+            name: render(
+                "delta/runtime/placeholder.sql.j2",
+                kind=kind,
+                spark_type=columns[name].spark_type,
+                placeholder_hex=PLACEHOLDER_BYTES.hex(),
+                **toast.TEMPLATE_VALUES,
+            )
+            for name, kind in kinds.items()
+        }
+        """Column -> the placeholder as a Spark SQL expression of the column's type."""
         self.location = self.state["location"]
         self.tombstones = delta_migrations.tombstone_table(self.state)
 
@@ -121,7 +130,7 @@ class DeltaTableSink(LedgeredSink):
             order.append(F.col("_cdc_offset").asc())
         window = Window.partitionBy(*self.primary_key).orderBy(*order).rowsBetween(Window.unboundedPreceding, 0)
         for name in self.carried:
-            holds = F.col(name) == F.lit(self.placeholders[name])
+            holds = F.col(name).eqNullSafe(F.expr(self.placeholders[name]))
             # The newest older value that is not the placeholder (NULL included: a struct keeps it apart).
             known = F.last(F.when(~holds | F.col(name).isNull(), F.struct(F.col(name).alias("v"))), True).over(window)
             rows = rows.withColumn(name, F.when(holds & known.isNotNull(), known["v"]).otherwise(F.col(name)))
