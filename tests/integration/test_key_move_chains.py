@@ -162,3 +162,20 @@ def test_clickhouse_chains_of_two_key_changes_keep_the_values_in_every_schedule(
     sink = _things_sink(clickhouse_database, tmp_path, postgres_dsn, {"id": "bigint", "body": "text"})
     wrong = clickhouse_sweep(2, sink, clickhouse_database.client())
     assert not wrong, f"{len(wrong)} of 44 schedules lost the values, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
+def test_a_value_the_middle_key_set_wins_over_the_first_keys_that_come_later(
+    delete_mode: str, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """7 -> 21 -> 31, and 21 changed one large value between the moves: 31 takes 21's new value and 7's other
+    one, though 7's values come (its delete) after the delete of 21 and before the create of 31."""
+    sink = make_sink(delete_mode, postgres_dsn, tmp_path)
+    land(sink, 0, [change("c", 7, 10, "seven", blob=b"\x07")])
+    land(sink, 1, [change("c", 21, 20, PLACEHOLDER, blob=PLACEHOLDER.encode()), change("u", 21, 25, "own")])
+    land(sink, 2, [change("d", 21, 30, None, None), change("n", 31, 30, None, None)])
+    land(sink, 3, [change("d", 7, 20, None, None), change("n", 21, 20, None, None)])
+    land(sink, 4, [change("c", 31, 30, PLACEHOLDER, blob=PLACEHOLDER.encode())])
+    row = live(sink)[31]
+    assert (row["Name"], bytes(row["blob"])) == ("own", b"\x07")
+    assert set(live(sink)) == {31} and key_moves(sink) == []
