@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import itertools
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import toast
 from cdcsync.config.toast import PLACEHOLDER_BYTES
+from cdcsync.core import names
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.names import KEY_MOVE_OP
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations import delta as delta_migrations
 from cdcsync.migrations.target import column_problems
+from cdcsync.sinks import positions
 from cdcsync.sql.render import delta_table_ref, render
 
 if TYPE_CHECKING:
@@ -105,6 +108,10 @@ class DeltaTableSink(LedgeredSink):
         batch_id = ledger_key["batch_id"]
         spark = changes.sparkSession
         rows = self._changes(changes)
+        mark, seen = self._position_mark()
+        found = positions.batch_positions(rows, mark, seen)
+        if found.lowest is not None and mark is not None:
+            raise positions.went_back(self.sink_id, self.pipeline.source_of(self.sink), mark, found.lowest, found.below)
         try:
             if self.sink.mode == "history":
                 merged = self._merge_history(spark, rows, ledger_key)
@@ -114,7 +121,43 @@ class DeltaTableSink(LedgeredSink):
             raise
         except Exception as error:  # Spark's and Delta's errors: py4j or pyspark exceptions
             raise self._spark_error(f"merging batch {batch_id} into {self.target_name}", error) from None
-        return merged if self.record_landed(ledger_key, merged) else None
+        if not self.record_landed(ledger_key, merged):
+            return None
+        self._save_positions(found)
+        return merged
+
+    # -- the source's positions (cdcsync.sinks.positions) ----------------------------------------------------
+    def _position_mark(self) -> tuple[Decimal | None, Decimal | None]:
+        """(the commit position of the newest change merged, the snapshot seen), or Nones before the first."""
+        import psycopg
+
+        sql = render("postgres/runtime/position_mark.sql.j2", **self._position_values)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                row = conn.execute(sql).fetchone()
+        except psycopg.Error as error:
+            raise self._error("reading the source positions merged", error) from None
+        if row is None:
+            return None, None
+        return tuple(None if value is None else Decimal(value) for value in row)  # type: ignore[return-value]
+
+    def _save_positions(self, found: positions.BatchPositions) -> None:
+        """Raise the mark after the batch landed (not atomic with Delta's commit: a crash in between leaves it
+        lower, which only checks less)."""
+        import psycopg
+
+        if found.newest is None and found.snapshot is None:
+            return
+        sql = render("postgres/runtime/position_save.sql.j2", **self._position_values)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(sql, {"position": found.newest, "snapshot": found.snapshot})
+        except psycopg.Error as error:
+            raise self._error("recording the source positions merged", error) from None
+
+    @property
+    def _position_values(self) -> dict[str, Any]:
+        return {"internal_schema": names.INTERNAL_SCHEMA, "pipeline": self.pipeline.name, "sink_id": self.sink_id}
 
     # -- the batch's rows -----------------------------------------------------------------------------------
     def _changes(self, changes: DataFrame) -> DataFrame:

@@ -262,3 +262,33 @@ def test_every_placeholder_kind_keeps_the_stored_value(spark: Any, postgres_dsn:
         got["blobs"] = [bytes(b) for b in got["blobs"]]
         assert got == values, key
         assert stored[key]["amount"] == Decimal(amount)
+
+
+def test_a_snapshot_below_the_merged_positions_stops_the_run(spark: Any, lake: Pipeline, postgres_dsn: str) -> None:
+    """As for Postgres sinks (docs/operations.md#a-source-that-went-back): the Delta sink keeps its high-water
+    mark in cdcsync.source_positions; reads of the snapshot already seen never stop the run."""
+    from cdcsync.core.errors import SourceWentBack
+
+    def position(commit: int, lsn: int) -> int:
+        return (commit << 64) + lsn
+
+    mirror = sink(lake, "hard", postgres_dsn)
+    snapshot = 0x16_0000_0000
+    land(
+        spark,
+        mirror,
+        0,
+        [
+            change("r", 1, snapshot, "read", seconds=1),
+            change("c", 2, position(0x16_B374_D848, 0x16_B374_D900), seconds=1),
+        ],
+    )
+    land(spark, mirror, 1, [change("r", 3, snapshot, "read of the same snapshot, later", seconds=1)])
+    land(spark, mirror, 2, [change("r", 4, 0x17_0000_0000, "a re-snapshot of the same source", seconds=1)])
+    with pytest.raises(SourceWentBack) as went_back:
+        land(spark, mirror, 3, [change("r", 5, 0x3_0000_0000, "restored source", seconds=1)])
+    assert "topic 'shop.orders'" in str(went_back.value) and "3/0" in str(went_back.value)
+    assert "16/B374D848" in str(went_back.value)
+    assert set(table(spark, mirror)) == {1, 2, 3, 4}
+    assert land(spark, mirror, 3, [change("c", 6, position(0x17_0000_0100, 0x17_0000_0200), seconds=1)]) is not None
+    assert set(table(spark, mirror)) == {1, 2, 3, 4, 6}
