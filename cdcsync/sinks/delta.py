@@ -27,25 +27,28 @@ History: for every key the batch touches, the chain of the stored versions and t
 on (key, ``_cdc_version``): rows whose validity changed are updated, new versions inserted, in one commit, whatever
 order the versions arrived in.
 
-Debezium's placeholder for an unchanged TOASTed value is handled for text-like columns (text, json, jsonb, hstore):
-an older value of the same batch is carried, else the stored one is kept. Other kinds (bytea, arrays) are written as
-they arrive: use ``REPLICA IDENTITY FULL`` for such columns (docs/delta.md).
+Debezium's placeholder for an unchanged TOASTed value, in every form the Postgres sinks recognise (text, json,
+jsonb, hstore, bytea and the arrays that have one, :mod:`cdcsync.config.toast`): an older value of the same batch
+is carried, else the MERGE keeps the stored one (mirrors; history rows take only the batch's carry).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import toast
-from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+from cdcsync.config.toast import PLACEHOLDER_BYTES
+from cdcsync.core import names
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.names import KEY_MOVE_OP
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.migrations import delta as delta_migrations
 from cdcsync.migrations.target import column_problems
+from cdcsync.sinks import positions
 from cdcsync.sql.render import delta_table_ref, render
 
 if TYPE_CHECKING:
@@ -55,8 +58,6 @@ if TYPE_CHECKING:
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-_TEXT_KINDS = ("text", "json", "jsonb", "hstore")
-"""Placeholder kinds whose value is one string in Spark: carried and kept by the MERGE."""
 _VIEW_COUNTER = itertools.count()
 
 
@@ -70,10 +71,21 @@ class DeltaTableSink(LedgeredSink):
         self.columns = tuple(pipeline.columns_of(sink.from_))
         self.primary_key = tuple(self.state["primary_key"])
         self.value_columns = tuple(c for c in self.columns if c not in self.primary_key)
-        kinds = toast.toastable({name: pipeline.columns_of(sink.from_)[name] for name in self.value_columns})
-        self.carried = tuple(name for name, kind in kinds.items() if kind in _TEXT_KINDS)
-        """Text-like columns that may hold Debezium's placeholder (see the module doc)."""
-        self.placeholders = {name: str(PLACEHOLDER_BY_KIND[kinds[name]]) for name in self.carried}
+        columns = pipeline.columns_of(sink.from_)
+        kinds = toast.toastable({name: columns[name] for name in self.value_columns})
+        self.carried = tuple(kinds)
+        """Columns that may hold Debezium's placeholder (see the module doc)."""
+        self.placeholders = {
+            name: render(
+                "delta/runtime/placeholder.sql.j2",
+                kind=kind,
+                spark_type=columns[name].spark_type,
+                placeholder_hex=PLACEHOLDER_BYTES.hex(),
+                **toast.TEMPLATE_VALUES,
+            )
+            for name, kind in kinds.items()
+        }
+        """Column -> the placeholder as a Spark SQL expression of the column's type."""
         self.location = self.state["location"]
         self.tombstones = delta_migrations.tombstone_table(self.state)
 
@@ -96,6 +108,10 @@ class DeltaTableSink(LedgeredSink):
         batch_id = ledger_key["batch_id"]
         spark = changes.sparkSession
         rows = self._changes(changes)
+        mark, seen = self._position_mark()
+        found = positions.batch_positions(rows, mark, seen)
+        if found.lowest is not None and mark is not None:
+            raise positions.went_back(self.sink_id, self.pipeline.source_of(self.sink), mark, found.lowest, found.below)
         try:
             if self.sink.mode == "history":
                 merged = self._merge_history(spark, rows, ledger_key)
@@ -105,7 +121,43 @@ class DeltaTableSink(LedgeredSink):
             raise
         except Exception as error:  # Spark's and Delta's errors: py4j or pyspark exceptions
             raise self._spark_error(f"merging batch {batch_id} into {self.target_name}", error) from None
-        return merged if self.record_landed(ledger_key, merged) else None
+        if not self.record_landed(ledger_key, merged):
+            return None
+        self._save_positions(found)
+        return merged
+
+    # -- the source's positions (cdcsync.sinks.positions) ----------------------------------------------------
+    def _position_mark(self) -> tuple[Decimal | None, Decimal | None]:
+        """(the commit position of the newest change merged, the snapshot seen), or Nones before the first."""
+        import psycopg
+
+        sql = render("postgres/runtime/position_mark.sql.j2", **self._position_values)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                row = conn.execute(sql).fetchone()
+        except psycopg.Error as error:
+            raise self._error("reading the source positions merged", error) from None
+        if row is None:
+            return None, None
+        return tuple(None if value is None else Decimal(value) for value in row)  # type: ignore[return-value]
+
+    def _save_positions(self, found: positions.BatchPositions) -> None:
+        """Raise the mark after the batch landed (not atomic with Delta's commit: a crash in between leaves it
+        lower, which only checks less)."""
+        import psycopg
+
+        if found.newest is None and found.snapshot is None:
+            return
+        sql = render("postgres/runtime/position_save.sql.j2", **self._position_values)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(sql, {"position": found.newest, "snapshot": found.snapshot})
+        except psycopg.Error as error:
+            raise self._error("recording the source positions merged", error) from None
+
+    @property
+    def _position_values(self) -> dict[str, Any]:
+        return {"internal_schema": names.INTERNAL_SCHEMA, "pipeline": self.pipeline.name, "sink_id": self.sink_id}
 
     # -- the batch's rows -----------------------------------------------------------------------------------
     def _changes(self, changes: DataFrame) -> DataFrame:
@@ -121,7 +173,7 @@ class DeltaTableSink(LedgeredSink):
             order.append(F.col("_cdc_offset").asc())
         window = Window.partitionBy(*self.primary_key).orderBy(*order).rowsBetween(Window.unboundedPreceding, 0)
         for name in self.carried:
-            holds = F.col(name) == F.lit(self.placeholders[name])
+            holds = F.col(name).eqNullSafe(F.expr(self.placeholders[name]))
             # The newest older value that is not the placeholder (NULL included: a struct keeps it apart).
             known = F.last(F.when(~holds | F.col(name).isNull(), F.struct(F.col(name).alias("v"))), True).over(window)
             rows = rows.withColumn(name, F.when(holds & known.isNotNull(), known["v"]).otherwise(F.col(name)))

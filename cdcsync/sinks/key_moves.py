@@ -21,10 +21,11 @@ merges the delete knows which key will need the old key's values, whichever come
   still holds. A placeholder in a target row can only come from such a move (an INSERT never sends one), so
   nothing else is touched, and a value set since (a later change of the new key) is kept.
 
-* **a chain** (7 -> 21 -> 31, the large values untouched): 21 is the new key of one move and the old key of the
-  next, so its values may come only after it moved on. The values known of 21 (stashed, or moved in the same
-  batch) pass on to 31; values that come for 21 once it is deleted go on to the key created at the version of
-  that delete (a move's delete and create share one source position).
+* **a chain** (7 -> 21 -> 31 -> ..., the large values untouched): 21 is the new key of one move and the old key
+  of the next, so its values may come only after it moved on. Values that come for a key once it is deleted go
+  on to the key created at the version of that delete (a move's delete and create share one source position),
+  and on from there, to the end of the chain (Postgres sinks). The link from a delete to the next key is the
+  key-move row in the batch, or, later, the stash entry of the next key, kept (empty) until its values came.
 
 Only the ``__debezium.newkey`` header crosses into Python (:func:`cdcsync.sources.kafka.decoder_input`): the old
 key is not needed, because the create never reads the old key's stored row (it could be stale: the old key's

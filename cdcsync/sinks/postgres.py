@@ -30,11 +30,11 @@ from cdcsync.config import toast
 from cdcsync.config.pipeline import AnySink, Pipeline, internal_tables
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core import names
-from cdcsync.core.errors import SinkError, SourceWentBack
+from cdcsync.core.errors import SinkError
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
-from cdcsync.sinks import key_moves, tombstones
+from cdcsync.sinks import key_moves, positions, tombstones
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
@@ -243,6 +243,7 @@ class PostgresUpsertSink(LedgeredSink):
             "value_columns": self.value_columns,
             "toastable": self.toastable,
             "toast_types": {name: columns[name].sql for name in self.toastable},
+            "key_types": {name: columns[name].sql for name in self.primary_key},
             "internal_schema": names.INTERNAL_SCHEMA,
             "pipeline": pipeline.name,
             "sink_id": sink_id,
@@ -342,24 +343,7 @@ class PostgresUpsertSink(LedgeredSink):
         if went_back is None:
             return
         mark, position, reads = went_back
-        source = self.pipeline.source_of(self.sink)
-        topic = f"topic '{source.topic}'" if source.topic else f"topics matching '{source.topic_pattern}'"
-        raise SourceWentBack(
-            f"sink '{self.sink_id}': {reads} snapshot read(s) from {topic} at source position {_lsn(position)} lie "
-            f"below position {_lsn(mark)}, which this sink has already merged: the source database went back "
-            "(restored from a backup, or replaced), and its changes would rank below the rows the target holds",
-            hint=(
-                "see docs/operations.md#a-source-that-went-back: rebuild the target from the new source (reset the "
-                "sink's tables and checkpoint), or, if the source did not go back, delete the sink's row from "
-                f"{names.INTERNAL_SCHEMA}.{names.SOURCE_POSITIONS_TABLE} and run again"
-            ),
-        )
-
-
-def _lsn(position: str) -> str:
-    """An LSN as Postgres writes it (``16/B374D848``), for people to compare with ``pg_current_wal_lsn()``."""
-    value = int(position)
-    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+        raise positions.went_back(self.sink_id, self.pipeline.source_of(self.sink), mark, position, reads)
 
 
 class _AlreadyMerged(Exception):

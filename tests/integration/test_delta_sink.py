@@ -184,3 +184,111 @@ def test_the_start_check_names_a_missing_table_and_column(spark: Any, postgres_d
         raised.value
     )
     assert "it has no column Name (the pipeline needs string)" in str(raised.value)
+
+
+def test_every_placeholder_kind_keeps_the_stored_value(spark: Any, postgres_dsn: str, tmp_path: Path) -> None:
+    """Each form Debezium sends for an unchanged TOASTed value (cdcsync.config.toast), as the decoders hand it on:
+    the MERGE keeps the stored value, and an older value of the same batch is carried (docs/types.md)."""
+    from cdcsync.config.toast import PLACEHOLDER_BY_KIND
+
+    kinds = {
+        "body": ("text", "text"),
+        "blob": ("bytea", "bytea"),
+        "doc": ("jsonb", "jsonb"),
+        "raw": ("json", "json"),
+        "pairs": ("hstore", "hstore"),
+        "tags": ("text[]", "text[]"),
+        "docs": ("jsonb[]", "json[]"),
+        "blobs": ("bytea[]", "bytea[]"),
+        "ints": ("integer[]", "integer[]"),
+        "nums": ("bigint[]", "integer[]"),
+        "days": ("date[]", "date[]"),
+        "uids": ("uuid[]", "uuid[]"),
+    }
+    columns = {"id": "bigint", "amount": "numeric(12,2)", **{name: pg for name, (pg, _) in kinds.items()}}
+    source = {"type": "kafka", "topic": "t.docs", "primary_key": "id", "columns": columns}
+    sinks = {"m": {"type": "delta", "from": "docs", "path": str(tmp_path / "docs")}}
+    pipeline = validate_pipeline_dict({"name": "toasty", "sources": {"docs": source}, "sinks": sinks})
+    for target in (POSTGRES, DELTA):
+        migrations.init(target, pipeline, tmp_path / "migrations")
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, tmp_path / "migrations")
+        migrations.apply_pending(DELTA, DeltaConnection(conn, spark), pipeline.name, tmp_path / "migrations")
+    mirror = sink(pipeline, "m", postgres_dsn)
+    schema = ", ".join(
+        [
+            "id bigint, amount decimal(12,2), body string, blob binary, doc string, raw string, pairs string",
+            "tags array<string>, docs array<string>, blobs array<binary>, ints array<int>, nums array<bigint>",
+            "days array<date>, uids array<string>, _cdc_op string, _cdc_version decimal(38,0), _cdc_ts timestamp",
+        ]
+    )
+
+    def full(n: int) -> dict[str, Any]:
+        return {
+            "body": f"body {n} " * 300,
+            "blob": bytes([n, 0, 255]) * 1000,
+            "doc": f'{{"n": {n}}}',
+            "raw": f'{{"raw": {n}}}',
+            "pairs": f'"k"=>"{n}"',
+            "tags": [f"t{n}", None],
+            "docs": [f'{{"d": {n}}}'],
+            "blobs": [bytes([n])],
+            "ints": [n, -n],
+            "nums": [n * 10**12],
+            "days": [dt.date(2024, 2, 29), dt.date(1, 1, 1)],
+            "uids": ["0b6a2b52-46bc-4f34-a2d1-3c1a6f0f3c11"],
+        }
+
+    unchanged = {name: PLACEHOLDER_BY_KIND[kind] for name, (_, kind) in kinds.items()}
+    unchanged = {name: list(value) if isinstance(value, tuple) else value for name, value in unchanged.items()}
+
+    def row(op: str, key: int, version: int, values: dict[str, Any], amount: str = "1.00") -> dict[str, Any]:
+        return {"id": key, "amount": Decimal(amount), **values, "_cdc_op": op, "_cdc_version": Decimal(version)} | {
+            "_cdc_ts": T0 + dt.timedelta(seconds=version)
+        }
+
+    def land_rows(batch_id: int, rows: list[dict[str, Any]]) -> None:
+        key = mirror.ledger_key(batch_id, "cp")
+        assert mirror.prepare(key)
+        mirror.merge_changes(key, spark.createDataFrame(rows, schema))
+
+    land_rows(0, [row("c", 1, 10, full(1)), row("c", 2, 11, full(2))])
+    # Key 1: every large value unchanged, another column set. Key 2: set in the batch, then unchanged.
+    land_rows(1, [row("u", 1, 20, unchanged, "2.00"), row("u", 2, 21, full(3)), row("u", 2, 22, unchanged, "3.00")])
+    stored = table(spark, mirror)
+    for key, values, amount in ((1, full(1), "2.00"), (2, full(3), "3.00")):
+        got = {name: stored[key][name] for name in kinds}
+        got = {name: bytes(v) if isinstance(v, bytearray) else v for name, v in got.items()}
+        got["blobs"] = [bytes(b) for b in got["blobs"]]
+        assert got == values, key
+        assert stored[key]["amount"] == Decimal(amount)
+
+
+def test_a_snapshot_below_the_merged_positions_stops_the_run(spark: Any, lake: Pipeline, postgres_dsn: str) -> None:
+    """As for Postgres sinks (docs/operations.md#a-source-that-went-back): the Delta sink keeps its high-water
+    mark in cdcsync.source_positions; reads of the snapshot already seen never stop the run."""
+    from cdcsync.core.errors import SourceWentBack
+
+    def position(commit: int, lsn: int) -> int:
+        return (commit << 64) + lsn
+
+    mirror = sink(lake, "hard", postgres_dsn)
+    snapshot = 0x16_0000_0000
+    land(
+        spark,
+        mirror,
+        0,
+        [
+            change("r", 1, snapshot, "read", seconds=1),
+            change("c", 2, position(0x16_B374_D848, 0x16_B374_D900), seconds=1),
+        ],
+    )
+    land(spark, mirror, 1, [change("r", 3, snapshot, "read of the same snapshot, later", seconds=1)])
+    land(spark, mirror, 2, [change("r", 4, 0x17_0000_0000, "a re-snapshot of the same source", seconds=1)])
+    with pytest.raises(SourceWentBack) as went_back:
+        land(spark, mirror, 3, [change("r", 5, 0x3_0000_0000, "restored source", seconds=1)])
+    assert "topic 'shop.orders'" in str(went_back.value) and "3/0" in str(went_back.value)
+    assert "16/B374D848" in str(went_back.value)
+    assert set(table(spark, mirror)) == {1, 2, 3, 4}
+    assert land(spark, mirror, 3, [change("c", 6, position(0x17_0000_0100, 0x17_0000_0200), seconds=1)]) is not None
+    assert set(table(spark, mirror)) == {1, 2, 3, 4, 6}

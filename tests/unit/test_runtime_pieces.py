@@ -385,6 +385,7 @@ def test_merge_keeps_stored_arrays_for_their_placeholders() -> None:
         value_columns=tuple(kinds),
         toastable=kinds,
         toast_types=kinds,
+        key_types={"id": "bigint"},
         internal_schema="cdcsync",
         pipeline="p",
         sink_id="s",
