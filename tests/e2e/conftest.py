@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+from cdcsync.core import names
 from cdcsync.devstack.workload import ORDERS_COLUMNS
 from tests.conftest import run_env
 
@@ -24,11 +28,22 @@ RUN_TIMEOUT_S = 600
 
 @dataclass
 class Project:
-    """A pipeline in a temporary directory, wired to the test's own database, topic and state dir."""
+    """A pipeline in a temporary directory, wired to the test's own database, topic and state dir.
+
+    Like a deployment, it is set up by the owner (``init``/``migrate`` as the test's superuser, the DBA) and run by
+    a login in the writer role: after :meth:`prepare`, every other command connects as ``E2E_WRITER_LOGIN``, so a
+    run that needs more than the writer's grants fails the test.
+    """
 
     root: Path
     pipeline_file: Path
     env: dict[str, str]
+    owner_dsn: str = ""
+
+    def _env_for(self, command: str) -> dict[str, str]:
+        if command in OWNER_COMMANDS and self.owner_dsn:
+            return {**self.env, "CDCSYNC__POSTGRES__DSN": self.owner_dsn}
+        return self.env
 
     def cdcsync(
         self, *args: str, timeout: float = RUN_TIMEOUT_S, check: bool = True
@@ -36,7 +51,7 @@ class Project:
         result = subprocess.run(
             [sys.executable, "-m", "cdcsync", *args],
             cwd=self.root,
-            env=self.env,
+            env=self._env_for(args[0]),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -52,17 +67,37 @@ class Project:
         return subprocess.Popen(
             [sys.executable, "-m", "cdcsync", *args],
             cwd=self.root,
-            env=self.env,
+            env=self._env_for(args[0]),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
 
-    def prepare(self) -> None:
-        """Render and apply the migrations, as a user would."""
+    def prepare(self, *, as_writer: bool = True) -> None:
+        """Render and apply the migrations as the owner, as a user would; then run as the writer unless told not to
+        (``schema_evolution: auto`` applies migrations from ``run``, which needs the owner)."""
         self.cdcsync("init", str(self.pipeline_file))
         self.cdcsync("migrate", str(self.pipeline_file))
+        self.owner_dsn = self.owner_dsn or self.env["CDCSYNC__POSTGRES__DSN"]
+        self.env["CDCSYNC__POSTGRES__DSN"] = writer_dsn(self.owner_dsn) if as_writer else self.owner_dsn
+
+
+OWNER_COMMANDS = frozenset({"init", "migrate"})
+"""What a DBA runs; everything else (``run``, ``status``, ``rewind``, ``reset``, ``dead-letters``) runs as the writer."""
+
+E2E_WRITER_LOGIN = "cdcsync_e2e_writer"
+
+
+def writer_dsn(owner_dsn: str) -> str:
+    """The DSN of a login in the migrations' writer role (created once per server; roles are cluster-wide)."""
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "DO $$ BEGIN CREATE ROLE {} LOGIN IN ROLE {}; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            ).format(sql.Identifier(E2E_WRITER_LOGIN), sql.Identifier(names.WRITER_ROLE))
+        )
+    return make_conninfo(owner_dsn, user=E2E_WRITER_LOGIN)
 
 
 def orders_pipeline(topic: str, *, max_offsets_per_trigger: int | None = None, **source_extra: Any) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
     # The same topics under schema_evolution: auto, into tables of their own (first run after the new table).
     # The same topics under schema_evolution: auto, into tables of their own in Postgres and in ClickHouse (first
     # run after the new table). Unique name: ClickHouse's migration ledger is shared by the test session.
-    evolving = Project(project.root, project.root / "auto.yaml", project.env)
+    evolving = Project(project.root, project.root / "auto.yaml", dict(project.env), project.owner_dsn)
     evolving.env["CDCSYNC__CLICKHOUSE__URL"] = clickhouse_database.url
     auto = pipeline(f"routed_auto_{uuid.uuid4().hex[:8]}", source.name, "auto", "auto")
     auto["sinks"]["analytics"] = {
@@ -147,7 +147,7 @@ def test_a_topic_pattern_routes_each_source_table_to_its_own_table(
         "table": "{table}",
     }
     evolving.pipeline_file.write_text(yaml.safe_dump(auto))
-    evolving.prepare()
+    evolving.prepare(as_writer=False)  # run applies the new table's migration: the owner's work
     [first] = migrations.list_migration_files(project.root / "migrations", "routed", "postgres")
     text = first.read_text()
     assert 'PRIMARY KEY ("order_id", "line")' in text and '"amount" numeric(10,2)' in text
