@@ -87,17 +87,22 @@ OWNER_COMMANDS = frozenset({"init", "migrate"})
 """What a DBA runs; everything else (``run``, ``status``, ``rewind``, ``reset``, ``dead-letters``) runs as the writer."""
 
 E2E_WRITER_LOGIN = "cdcsync_e2e_writer"
+E2E_WRITER_PASSWORD = "cdcsync-e2e-writer"  # a test server's login, for servers that check passwords (containers)
 
 
 def writer_dsn(owner_dsn: str) -> str:
-    """The DSN of a login in the migrations' writer role (created once per server; roles are cluster-wide)."""
+    """The DSN of a login in the migrations' writer role (created once per server, roles being cluster-wide; two
+    xdist workers may race to create it, so either error of the loser is taken as "it exists")."""
     with psycopg.connect(owner_dsn, autocommit=True) as conn:
         conn.execute(
             sql.SQL(
-                "DO $$ BEGIN CREATE ROLE {} LOGIN IN ROLE {}; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-            ).format(sql.Identifier(E2E_WRITER_LOGIN), sql.Identifier(names.WRITER_ROLE))
+                "DO $$ BEGIN CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {};"
+                " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+            ).format(
+                sql.Identifier(E2E_WRITER_LOGIN), sql.Literal(E2E_WRITER_PASSWORD), sql.Identifier(names.WRITER_ROLE)
+            )
         )
-    return make_conninfo(owner_dsn, user=E2E_WRITER_LOGIN)
+    return make_conninfo(owner_dsn, user=E2E_WRITER_LOGIN, password=E2E_WRITER_PASSWORD)
 
 
 def orders_pipeline(topic: str, *, max_offsets_per_trigger: int | None = None, **source_extra: Any) -> dict[str, Any]:
