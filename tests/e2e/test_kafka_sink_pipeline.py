@@ -98,7 +98,7 @@ def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
     }
     (root / "pipeline.yaml").write_text(yaml.safe_dump(downstream, sort_keys=False))
     env = run_env(
-        postgres__dsn=project.env["CDCSYNC__POSTGRES__DSN"],
+        postgres__dsn=postgres_dsn,
         kafka__bootstrap_servers=kafka_bootstrap,
         schema_registry__url=schema_registry_url,
         state_dir=root / "state",
