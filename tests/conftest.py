@@ -84,9 +84,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, marker))
         if grouped and any(path.as_posix().startswith(prefix) for prefix in _FIXED_PORT_PATHS):
             item.add_marker(pytest.mark.xdist_group(_FIXED_PORT_GROUP))
+        elif grouped and path.parts[0] == "integration":
+            # an integration module's tests may build on each other's effects (test_devstack: up, then down, then
+            # what down kept), so each module runs whole on one worker
+            item.add_marker(pytest.mark.xdist_group(path.as_posix()))
     if hasattr(config, "workerinput"):
-        # the group is the longest unit of work (minutes): handed out first, it cannot become the run's tail
-        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+        # the fixed-port group is the longest unit of work (minutes): handed out first, it cannot be the run's tail
+        items.sort(key=lambda item: _xdist_group(item) != _FIXED_PORT_GROUP)
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return None if marker is None else str(marker.args[0] if marker.args else marker.kwargs.get("name"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
