@@ -12,18 +12,19 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.faults.harness import FaultWorkload
+from tests.faults.harness import BOUND_S, FaultWorkload
 
 
 @pytest.mark.parametrize(
-    ("changes", "kills", "max_offsets"),
+    ("changes", "kills", "max_offsets", "drain_bound_s"),
     [
-        pytest.param(6_000, 5, 700, id="short"),
-        pytest.param(1_000_000, 100, 8_000, id="soak", marks=pytest.mark.soak),
+        pytest.param(6_000, 5, 700, BOUND_S, id="short"),
+        # the last run drains what 100 lives left: hundreds of thousands of changes, more than one command's bound
+        pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, id="soak", marks=pytest.mark.soak),
     ],
 )
 def test_run_sigkilled_at_random_moments(
-    fault_workload: Callable[..., FaultWorkload], changes: int, kills: int, max_offsets: int
+    fault_workload: Callable[..., FaultWorkload], changes: int, kills: int, max_offsets: int, drain_bound_s: float
 ) -> None:
     faulted = fault_workload(changes=changes, keys=max(changes // 10, 500), seed=2026, max_offsets=max_offsets)
     rng = random.Random(2026)
@@ -37,6 +38,6 @@ def test_run_sigkilled_at_random_moments(
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
     started = time.monotonic()
-    faulted.run()
+    faulted.run(timeout=drain_bound_s)
     recoveries.append(time.monotonic() - started)
     faulted.assert_exact("cdcsync run SIGKILLed", kills, max(recoveries))
