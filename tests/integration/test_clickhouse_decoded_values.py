@@ -3,7 +3,7 @@ bare JSON, Avro through the schema registry), through the runtime's decode step 
 read back with ``FINAL``, each equals the value sent (issue 12, "Must hold").
 
 The values are the catalogue of tests/e2e/test_debezium_edge_values.py (Postgres literals, one column per type, one
-row per value), and so is the comparison: a Postgres table holds the values sent; the rows ClickHouse holds are
+row per value) and a few types it leaves out (:data:`MORE`), and so is the comparison: a Postgres table holds the values sent; the rows ClickHouse holds are
 read back into a Postgres table of the same types, and the two must be equal by ``EXCEPT`` both ways after only the
 casts docs/types.md documents (that test's ``differences``), plus those docs/clickhouse.md adds: a NULL array lands
 as ``[]``, dates and timestamps ``infinity`` / ``-infinity`` land at ClickHouse's ends. A value ClickHouse's
@@ -51,6 +51,23 @@ from tests.unit.test_debezium_decode import change, dumps, kafka_batch, wrapped
 
 pytestmark = pytest.mark.integration
 
+MORE: dict[str, tuple[str, list[str]]] = {
+    "days": ("date[]", ["{infinity,NULL,1970-01-01,-infinity}", "{0001-01-01,9999-12-31}"]),
+    "stamps": ("timestamptz[]", ['{infinity,NULL,"1969-12-31 23:59:59.999999+00",-infinity}']),
+    "tss": ("timestamp[]", ['{"0001-01-01 00:00:00","9999-12-31 23:59:59.999999",NULL,infinity}']),
+    "uuids": ("uuid[]", ["{00000000-0000-0000-0000-000000000000,NULL,ffffffff-ffff-ffff-ffff-ffffffffffff}"]),
+    "blobs": ("bytea[]", ['{"\\\\x00ff5c",NULL,"\\\\x"}']),
+    "bools": ("boolean[]", ["{t,NULL,f}"]),
+    "i8s": ("bigint[]", ["{-9223372036854775808,NULL,9223372036854775807}"]),
+    "f8s": ("double precision[]", ["{NaN,-0,Infinity,1.7976931348623157e308,5e-324}"]),
+    "t3": ("time(3)", ["00:00:00", "23:59:59.999", "24:00:00"]),
+    "ts3": ("timestamp(3)", ["infinity", "-infinity", "1969-12-31 23:59:59.999", "0001-01-01 00:00:00"]),
+    "b1": ("bit(1)", ["0", "1"]),
+}
+"""Types the e2e catalogue leaves out: arrays of the other element types (dates and timestamps with their
+infinities inside), millisecond times and timestamps (``adaptive`` mode's Time / Timestamp), ``bit(1)`` (a
+boolean in Debezium)."""
+CATALOGUE = {**EDGES, **MORE}
 FORMATS: dict[str, tuple[str, dict[str, str]]] = {
     "json_schemas": ("json", {}),
     "json_bare": ("json", {"decimal.handling.mode": "string", "interval.handling.mode": "string"}),
@@ -59,7 +76,7 @@ FORMATS: dict[str, tuple[str, dict[str, str]]] = {
 """Format -> (value format, the connector's modes that differ from its defaults); each lands every value."""
 SHIFTS = (0, 10_000, 20_000)
 """Each format's rows land under its own ids: the catalogue's plus this."""
-COLUMNS = {"id": "bigint", **{name: pg_type for name, (pg_type, _) in EDGES.items()}, BIG_DOC: "jsonb"}
+COLUMNS = {"id": "bigint", **{name: pg_type for name, (pg_type, _) in CATALOGUE.items()}, BIG_DOC: "jsonb"}
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE = "io.debezium.data.VariableScaleDecimal"
 DATE_INFINITY = {"infinity": -2_147_472_692, "-infinity": -2_147_472_691}
@@ -68,10 +85,15 @@ TIMESTAMP_INFINITY = {"infinity": 9_223_372_036_825_200_000, "-infinity": -9_223
 SPECIAL_FLOATS = {"NaN", "Infinity", "-Infinity"}
 """Jackson writes these as strings (``QUOTE_NON_NUMERIC_NUMBERS``)."""
 STRING_MODE_NUMERICS = {"NaN": "NAN", "Infinity": "POSITIVE_INFINITY", "-Infinity": "NEGATIVE_INFINITY"}
+TEMPORAL = ("date", "timestamp without time zone", "timestamp with time zone")
 READ_AS = {
     "date": "toInt32({})",
     "timestamp": "toUnixTimestamp64Micro({})",
     "timestamptz": "toUnixTimestamp64Micro({})",
+    "timestamp(3)": "toUnixTimestamp64Micro({})",
+    "date[]": "arrayMap(x -> toInt32(x), {})",
+    "timestamp[]": "arrayMap(x -> toUnixTimestamp64Micro(x), {})",
+    "timestamptz[]": "arrayMap(x -> toUnixTimestamp64Micro(x), {})",
 }
 """ClickHouse columns read as days / microseconds since 1970 (Python's dates have no year 0)."""
 
@@ -103,13 +125,15 @@ def fact_sql(name: str, pg_type: str) -> sql.Composable:
     """What the encoder needs of a value beyond its text: epoch days / microseconds, Debezium's MicroDuration,
     an interval's fields (Debezium's Interval string), the UTC time of a timetz, or the value itself."""
     column = sql.Identifier(name)
-    if pg_type == "date":
-        return sql.SQL("CASE WHEN isfinite({0}) THEN ({0} - date '1970-01-01')::text END").format(column)
-    if pg_type in ("timestamp", "timestamptz"):
+    parsed = parse_pg_type(pg_type)
+    if parsed.element is not None and parsed.element.name in TEMPORAL:  # each element's fact, else its text
+        element = temporal_fact(parsed.element.name, sql.SQL("x"))
         return sql.SQL(
-            "CASE WHEN isfinite({0}) THEN (extract(epoch from {0}) * 1000000)::numeric(30,0)::text END"
-        ).format(column)
-    if pg_type == "time":
+            "(SELECT array_agg(coalesce({}, x::text) ORDER BY o) FROM unnest({}) WITH ORDINALITY AS u(x, o))::text"
+        ).format(element, column)
+    if parsed.name in TEMPORAL:
+        return temporal_fact(parsed.name, column)
+    if parsed.name == "time without time zone":
         return sql.SQL("(extract(epoch from {0}) * 1000000)::numeric(30,0)::text").format(column)
     if pg_type == "timetz":
         return sql.SQL("({} AT TIME ZONE 'UTC')::text").format(column)
@@ -125,9 +149,25 @@ def fact_sql(name: str, pg_type: str) -> sql.Composable:
     return sql.SQL("NULL::text")
 
 
+def temporal_fact(name: str, column: sql.Composable) -> sql.Composable:
+    """Epoch days of a date, microseconds of a timestamp; NULL for the infinities."""
+    if name == "date":
+        return sql.SQL("CASE WHEN isfinite({0}) THEN ({0} - date '1970-01-01')::text END").format(column)
+    return sql.SQL("CASE WHEN isfinite({0}) THEN (extract(epoch from {0}) * 1000000)::numeric(30,0)::text END").format(
+        column
+    )
+
+
 def native(pg_type: str) -> bool:
     """Values psycopg reads as Python values the encoder takes as they are (bytes, arrays)."""
-    return pg_type == "bytea" or pg_type.endswith("[]")
+    parsed = parse_pg_type(pg_type)
+    return pg_type == "bytea" or (parsed.element is not None and parsed.element.name not in TEMPORAL)
+
+
+def parse_text_array(text: str | None) -> list[str | None]:
+    """A one-dimensional ``text[]`` of facts (numbers, ``infinity``) back into its elements."""
+    assert text is not None and text.startswith("{") and text.endswith("}")
+    return [None if e == "NULL" else e for e in text[1:-1].split(",")] if text != "{}" else []
 
 
 def unscaled_b64(value: Decimal, scale: int) -> str:
@@ -144,12 +184,13 @@ def java_float(text: str) -> Any:
     return Raw(text if any(c in text for c in ".eE") else text + ".0")
 
 
-def float32_text(value: float) -> Any:
+def float_text(value: float, *, single: bool) -> Any:
+    """An array element of ``real[]`` (``single``) or ``double precision[]`` as Jackson writes it."""
     if np.isnan(value):
         return "NaN"
     if np.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
-    return java_float(str(np.float32(value)))
+    return java_float(str(np.float32(value)) if single else repr(value))
 
 
 def zoned_timestamp(micros: int) -> str:
@@ -214,9 +255,16 @@ def connect_schema(pg_type: str, modes: dict[str, str]) -> dict[str, Any]:
         if modes.get("interval.handling.mode", "numeric") == "string":
             return {"type": "string", "name": "io.debezium.time.Interval", "version": 1}
         return {"type": "int64", "name": "io.debezium.time.MicroDuration", "version": 1}
+    if name in ("bit", "bit varying") and parsed.args == (1,):
+        return {"type": "boolean"}
     if name in ("bit", "bit varying"):
         length = str(parsed.args[0] if parsed.args else 1)
         return {"type": "bytes", "name": "io.debezium.data.Bits", "version": 1, "parameters": {"length": length}}
+    if parsed.args and parsed.args[0] <= 3 and name in ("time without time zone", "timestamp without time zone"):
+        # adaptive mode: precision 0-3 in milliseconds
+        if name == "time without time zone":
+            return {"type": "int32", "name": "io.debezium.time.Time", "version": 1}
+        return {"type": "int64", "name": "io.debezium.time.Timestamp", "version": 1}
     kind, logical_name = logical[name]
     return {"type": kind, "name": logical_name, "version": 1}
 
@@ -228,7 +276,9 @@ def encode(pg_type: str, text: str, fact: str | None, value: Any, modes: dict[st
     parsed = parse_pg_type(pg_type)
     name = parsed.name
     if parsed.element is not None:
-        return [None if v is None else encode_element(parsed.element.sql, v, modes) for v in value]
+        elements = value if value is not None else parse_text_array(fact)
+        return [None if v is None else encode_element(parsed.element.sql, v, modes) for v in elements]
+    milliseconds = bool(parsed.args) and parsed.args[0] <= 3  # adaptive mode's Time / Timestamp
     if name in ("smallint", "integer", "bigint"):
         return int(text)
     if name in ("real", "double precision"):
@@ -254,11 +304,11 @@ def encode(pg_type: str, text: str, fact: str | None, value: Any, modes: dict[st
     if name == "date":
         return DATE_INFINITY[text] if fact is None else int(fact)
     if name == "timestamp without time zone":
-        return TIMESTAMP_INFINITY[text] if fact is None else int(fact)
+        return TIMESTAMP_INFINITY[text] if fact is None else int(fact) // (1000 if milliseconds else 1)
     if name == "timestamp with time zone":
         return text if fact is None else zoned_timestamp(int(fact))
     if name == "time without time zone":
-        return int(fact or 0)
+        return int(fact or 0) // (1000 if milliseconds else 1)
     if name == "time with time zone":
         assert fact is not None and fact.endswith("+00")
         clock, _, fraction = fact[:-3].partition(".")
@@ -271,6 +321,8 @@ def encode(pg_type: str, text: str, fact: str | None, value: Any, modes: dict[st
             return None if micro_duration == "-" else int(micro_duration)
         years, months, days, hours, minutes, seconds = fields
         return f"P{years}Y{months}M{days}DT{hours}H{minutes}M{seconds}S"
+    if name in ("bit", "bit varying") and parsed.args == (1,):
+        return text == "1"
     if name in ("bit", "bit varying"):
         number = int(text, 2) if text else 0
         return base64.b64encode(number.to_bytes((number.bit_length() + 7) // 8, "little")).decode()
@@ -278,9 +330,16 @@ def encode(pg_type: str, text: str, fact: str | None, value: Any, modes: dict[st
 
 
 def encode_element(pg_type: str, value: Any, modes: dict[str, str]) -> Any:
-    """An array element, from psycopg's Python value."""
+    """An array element, from psycopg's Python value (dates and timestamps: their fact, or the infinity's text)."""
+    if parse_pg_type(pg_type).name in TEMPORAL:
+        infinite = value in ("infinity", "-infinity")
+        return encode(pg_type, value, None if infinite else value, None, modes)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, uuid.UUID):
+        return str(value)
     if isinstance(value, float):
-        return float32_text(value) if pg_type == "real" else java_float(repr(value))
+        return float_text(value, single=pg_type == "real")
     if isinstance(value, Decimal):
         return encode(pg_type, str(value), None, None, modes)
     return value
@@ -347,7 +406,7 @@ def sink(clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: 
                 "topic": "shop.public.edges",
                 "primary_key": "id",
                 "columns": COLUMNS,
-                "untoasted_columns": ["reals", "decs"],  # arrays Debezium has no TOAST placeholder for
+                "untoasted_columns": ["reals", "decs", "stamps", "tss", "bools", "f8s"],  # arrays without a TOAST placeholder
             }
         },
         "sinks": {
@@ -361,8 +420,8 @@ def sink(clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: 
 
 def source_table(dsn: str) -> tuple[dict[int, str], dict[int, tuple[str, str, str | None, Any]]]:
     """The catalogue in ``public.edges``, one value a row; (labels, (column, text, fact, Python value) by id)."""
-    ddl = sql.SQL(", ").join(sql.SQL("{} " + t).format(sql.Identifier(n)) for n, (t, _) in EDGES.items())
-    rows = [(name, value) for name, (_, values) in EDGES.items() for value in values]
+    ddl = sql.SQL(", ").join(sql.SQL("{} " + t).format(sql.Identifier(n)) for n, (t, _) in CATALOGUE.items())
+    rows = [(name, value) for name, (_, values) in CATALOGUE.items() for value in values]
     facts: dict[int, tuple[str, str, str | None, Any]] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET TimeZone = 'UTC'")
@@ -373,12 +432,12 @@ def source_table(dsn: str) -> tuple[dict[int, str], dict[int, tuple[str, str, st
         )
         for key, (name, value) in enumerate(rows, start=1):
             conn.execute(
-                sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, %s::" + EDGES[name][0] + ")").format(
+                sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, %s::" + CATALOGUE[name][0] + ")").format(
                     sql.Identifier(TABLE), sql.Identifier(name)
                 ),
                 (key, value),
             )
-        for name, (pg_type, _) in EDGES.items():
+        for name, (pg_type, _) in CATALOGUE.items():
             column = sql.Identifier(name)
             value = column if native(pg_type) else sql.SQL("NULL")
             query = sql.SQL("SELECT id, {0}::text, {1}, {2} FROM {3} WHERE {0} IS NOT NULL").format(
@@ -392,9 +451,10 @@ def source_table(dsn: str) -> tuple[dict[int, str], dict[int, tuple[str, str, st
 
 def outside_clickhouse(pg_type: str, fact: str | None) -> bool:
     """A finite date or timestamp ClickHouse cannot hold (docs/clickhouse.md#types)."""
-    if fact is None or pg_type not in ("date", "timestamp", "timestamptz"):
+    name = parse_pg_type(pg_type).name
+    if fact is None or name not in TEMPORAL:
         return False
-    low, high = (MIN_DAYS, MAX_DAYS) if pg_type == "date" else (MIN_MICROS, MAX_MICROS)
+    low, high = (MIN_DAYS, MAX_DAYS) if name == "date" else (MIN_MICROS, MAX_MICROS)
     return not low <= int(fact) <= high
 
 
@@ -454,11 +514,29 @@ def land(sink: ClickHouseTableSink, batch_id: int, parts: list[tuple[DecodeTask,
     return sink.stage_writer(batch_id, "cp").stage(pa.concat_tables(tables))
 
 
-def ch_text(pg_type: str, value: int) -> str:
-    """Postgres' text of a date (days) or timestamp (microseconds) as ClickHouse holds it."""
-    if pg_type == "date":
+def ch_text(name: str, value: int) -> str:
+    """Postgres' text of a date (days) or timestamp (microseconds) as ClickHouse holds it (``name``: the type's)."""
+    if name == "date":
         return date_text(value)
-    return timestamp_text(value, with_time_zone=pg_type == "timestamptz")
+    return timestamp_text(value, with_time_zone=name == "timestamp with time zone")
+
+
+def ch_ends(name: str) -> tuple[str, str]:
+    """ClickHouse's first and last date or timestamp, where ``-infinity`` and ``infinity`` land."""
+    low, high = (MIN_DAYS, MAX_DAYS) if name == "date" else (MIN_MICROS, MAX_MICROS)
+    return ch_text(name, low), ch_text(name, high)
+
+
+def from_clickhouse(pg_type: str, value: Any) -> Any:
+    """A value read from ClickHouse as a parameter Postgres casts to ``pg_type``."""
+    parsed = parse_pg_type(pg_type)
+    if value is None:
+        return None
+    if parsed.element is not None:
+        return pg_array([from_clickhouse(parsed.element.sql, v) for v in value])
+    if parsed.name in TEMPORAL:
+        return ch_text(parsed.name, value)
+    return value
 
 
 def pg_array(values: list[Any]) -> str:
@@ -467,7 +545,7 @@ def pg_array(values: list[Any]) -> str:
             return "NULL"
         if isinstance(value, float) and not np.isfinite(value):
             return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        text = str(value)
+        text = "\\x" + value.hex() if isinstance(value, bytes) else str(value)
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     return "{" + ",".join(element(v) for v in values) + "}"
@@ -480,7 +558,7 @@ def read_back(client: Any, conn: psycopg.Connection[Any], schema: str, shift: in
     result = client.query(
         f"SELECT {select} FROM `{TABLE}` FINAL WHERE NOT _is_deleted AND id > {shift} AND id < {shift + 10_000}",
         query_formats={"UUID": "string"},
-        column_formats={"bin": "bytes"},
+        column_formats={n: "bytes" for n, t in COLUMNS.items() if t.startswith("bytea")},
     )
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     conn.execute(
@@ -495,13 +573,7 @@ def read_back(client: Any, conn: psycopg.Connection[Any], schema: str, shift: in
         values = []
         for name, value in zip(names, row, strict=True):
             pg_type = COLUMNS[name]
-            if name == "id":
-                value -= shift
-            elif value is not None and pg_type in READ_AS:
-                value = ch_text(pg_type, value)
-            elif isinstance(value, list):
-                value = pg_array(value)
-            values.append(value)
+            values.append(value - shift if name == "id" else from_clickhouse(pg_type, value))
         conn.execute(insert, values)
 
 
@@ -531,19 +603,20 @@ def test_every_edge_value_lands_in_clickhouse_through_the_decoders(
         conn.execute("SET TimeZone = 'UTC'")
         # What docs/clickhouse.md says lands instead: the infinities at ClickHouse's ends, NULL arrays as [].
         conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(sql.Identifier(TABLE)), (outside,))
-        for name, (pg_type, _) in EDGES.items():
+        for name, (pg_type, _) in CATALOGUE.items():
             update = sql.SQL("UPDATE {} SET {} = ").format(sql.Identifier(TABLE), sql.Identifier(name))
-            if pg_type in ("date", "timestamp", "timestamptz"):
-                low, high = (
-                    ch_text(pg_type, end)
-                    for end in ((MIN_DAYS, MAX_DAYS) if pg_type == "date" else (MIN_MICROS, MAX_MICROS))
-                )
+            parsed = parse_pg_type(pg_type)
+            if parsed.name in TEMPORAL:
                 ends = sql.SQL("CASE WHEN {0} > 'epoch' THEN %s ELSE %s END::" + pg_type + " WHERE NOT isfinite({0})")
+                conn.execute(update + ends.format(sql.Identifier(name)), ch_ends(parsed.name)[::-1])
+            if parsed.element is not None and parsed.element.name in TEMPORAL:
+                low, high = ch_ends(parsed.element.name)
+                ends = sql.SQL("array_replace(array_replace({0}, 'infinity', %s), '-infinity', %s)")
                 conn.execute(update + ends.format(sql.Identifier(name)), (high, low))
-            elif pg_type.endswith("[]"):
+            if parsed.element is not None:
                 conn.execute(update + sql.SQL("'{{}}' WHERE {} IS NULL").format(sql.Identifier(name)))
         for shift, mode in zip(SHIFTS, FORMATS, strict=True):
             read_back(client, conn, mode, shift)
     for mode, (_, modes) in FORMATS.items():
-        missing, extra = differences(postgres_dsn, postgres_dsn, modes, schema=mode)
-        assert not missing and not extra, f"{mode}: {describe(missing, extra, labels)}"
+        missing, extra = differences(postgres_dsn, postgres_dsn, modes, schema=mode, edges=CATALOGUE)
+        assert not missing and not extra, f"{mode}: {describe(missing, extra, labels, CATALOGUE)}"
