@@ -165,7 +165,7 @@ def task_positions(rows: pa.Table, mark: Decimal | None, seen: Decimal | None) -
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    versions = rows.column("_cdc_version")
+    versions = rows.column("_cdc_version").cast(pa.decimal128(38, 0))  # as the decoder yields it
     streamed = versions.filter(pc.greater_equal(versions, pa.scalar(FIRST_STREAMED, versions.type)))
     newest = pc.max(streamed).as_py() if len(streamed) else None
     read_versions = versions.filter(pc.equal(rows.column("_cdc_op"), "r")).to_pylist()

@@ -3,12 +3,12 @@ bare JSON, Avro through the schema registry), through the runtime's decode step 
 read back with ``FINAL``, each equals the value sent (issue 12, "Must hold").
 
 The values are the catalogue of tests/e2e/test_debezium_edge_values.py (Postgres literals, one column per type, one
-row per value) and a few types it leaves out (:data:`MORE`), and so is the comparison: a Postgres table holds the values sent; the rows ClickHouse holds are
-read back into a Postgres table of the same types, and the two must be equal by ``EXCEPT`` both ways after only the
-casts docs/types.md documents (that test's ``differences``), plus those docs/clickhouse.md adds: a NULL array lands
-as ``[]``, dates and timestamps ``infinity`` / ``-infinity`` land at ClickHouse's ends. A value ClickHouse's
-``Date32`` / ``DateTime64`` cannot hold stops the batch before anything is inserted, naming the column and the
-value: each is tried alone.
+row per value) and a few types it leaves out (:data:`MORE`), and so is the comparison: a Postgres table holds the
+values sent; the rows ClickHouse holds are read back into a Postgres table of the same types, and the two must be
+equal by ``EXCEPT`` both ways after only the casts docs/types.md documents (that test's ``differences``), plus
+those docs/clickhouse.md adds: a NULL array lands as ``[]``, dates and timestamps ``infinity`` / ``-infinity`` land
+at ClickHouse's ends. A value ClickHouse's ``Date32`` / ``DateTime64`` cannot hold stops the batch before anything
+is inserted, naming the column and the value: each is tried alone.
 
 The messages are built here from the values as Postgres holds them, the way Debezium 3.x encodes each type in the
 connector's default modes (``decimal.handling.mode=precise``, ``time.precision.mode=adaptive``,
@@ -33,7 +33,6 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.types import parse_pg_type
 from cdcsync.core.reports import ReportedFailure
 from cdcsync.core.temporal import civil_from_days, date_text, timestamp_text
@@ -46,7 +45,7 @@ from tests.conftest import ClickHouseDatabase
 from tests.e2e.test_debezium_edge_values import BIG_DOC, EDGES, TABLE, describe, differences, render_column
 from tests.integration.test_apicurio_registry import change as avro_change
 from tests.integration.test_apicurio_registry import envelope, serialize, serializer
-from tests.integration.test_clickhouse_sink import _migrate
+from tests.integration.test_clickhouse_sink import _things_sink
 from tests.unit.test_debezium_decode import change, dumps, kafka_batch, wrapped
 
 pytestmark = pytest.mark.integration
@@ -398,24 +397,9 @@ def avro_value(connect: dict[str, Any], value: Any) -> Any:
 
 @pytest.fixture
 def sink(clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str) -> ClickHouseTableSink:
-    raw = {
-        "name": f"it_{uuid.uuid4().hex[:10]}",
-        "sources": {
-            "edges": {
-                "type": "kafka",
-                "topic": "shop.public.edges",
-                "primary_key": "id",
-                "columns": COLUMNS,
-                "untoasted_columns": ["reals", "decs", "stamps", "tss", "bools", "f8s"],  # arrays without a TOAST placeholder
-            }
-        },
-        "sinks": {
-            "ch": {"type": "clickhouse", "from": "edges", "database": clickhouse_database.database, "table": TABLE}
-        },
-    }
-    pipeline = validate_pipeline_dict(raw)
-    _migrate(clickhouse_database.client(), pipeline, tmp_path)
-    return ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
+    """Into ClickHouse table ``things``; arrays Debezium has no TOAST placeholder for are declared small."""
+    untoasted = ["reals", "decs", "stamps", "tss", "bools", "f8s"]
+    return _things_sink(clickhouse_database, tmp_path, postgres_dsn, COLUMNS, untoasted_columns=untoasted)
 
 
 def source_table(dsn: str) -> tuple[dict[int, str], dict[int, tuple[str, str, str | None, Any]]]:
@@ -556,7 +540,7 @@ def read_back(client: Any, conn: psycopg.Connection[Any], schema: str, shift: in
     names = list(COLUMNS)
     select = ", ".join(READ_AS.get(COLUMNS[n], "{}").format(f"`{n}`") for n in names)
     result = client.query(
-        f"SELECT {select} FROM `{TABLE}` FINAL WHERE NOT _is_deleted AND id > {shift} AND id < {shift + 10_000}",
+        f"SELECT {select} FROM things FINAL WHERE NOT _is_deleted AND id > {shift} AND id < {shift + 10_000}",
         query_formats={"UUID": "string"},
         column_formats={n: "bytes" for n, t in COLUMNS.items() if t.startswith("bytea")},
     )
@@ -598,7 +582,7 @@ def test_every_edge_value_lands_in_clickhouse_through_the_decoders(
         assert f"column '{name}' holds " in str(stopped.value) and "outside what ClickHouse" in str(stopped.value)
 
     client = clickhouse_database.client()
-    assert client.command(f"SELECT count() FROM `{TABLE}` WHERE id >= 90000") == 0
+    assert client.command("SELECT count() FROM things WHERE id >= 90000") == 0
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute("SET TimeZone = 'UTC'")
         # What docs/clickhouse.md says lands instead: the infinities at ClickHouse's ends, NULL arrays as [].
