@@ -62,10 +62,11 @@ MORE: dict[str, tuple[str, list[str]]] = {
     "t3": ("time(3)", ["00:00:00", "23:59:59.999", "24:00:00"]),
     "ts3": ("timestamp(3)", ["infinity", "-infinity", "1969-12-31 23:59:59.999", "0001-01-01 00:00:00"]),
     "b1": ("bit(1)", ["0", "1"]),
+    "hs": ("hstore", ["", '"a"=>"x", "n"=>NULL', '""=>"", "k,=>\\"q"=>"v\\\\"']),
 }
 """Types the e2e catalogue leaves out: arrays of the other element types (dates and timestamps with their
 infinities inside), millisecond times and timestamps (``adaptive`` mode's Time / Timestamp), ``bit(1)`` (a
-boolean in Debezium)."""
+boolean in Debezium), ``hstore`` (Debezium's default ``hstore.handling.mode=json``)."""
 CATALOGUE = {**EDGES, **MORE}
 FORMATS: dict[str, tuple[str, dict[str, str]]] = {
     "json_schemas": ("json", {}),
@@ -136,6 +137,8 @@ def fact_sql(name: str, pg_type: str) -> sql.Composable:
         return sql.SQL("(extract(epoch from {0}) * 1000000)::numeric(30,0)::text").format(column)
     if pg_type == "timetz":
         return sql.SQL("({} AT TIME ZONE 'UTC')::text").format(column)
+    if pg_type == "hstore":
+        return sql.SQL("hstore_to_json({})::text").format(column)
     if pg_type == "interval":
         fields = sql.SQL(", ").join(
             sql.SQL("extract({} from {})::int::text").format(sql.SQL(part), column)
@@ -249,6 +252,7 @@ def connect_schema(pg_type: str, modes: dict[str, str]) -> dict[str, Any]:
         "json": ("string", "io.debezium.data.Json"),
         "jsonb": ("string", "io.debezium.data.Json"),
         "uuid": ("string", "io.debezium.data.Uuid"),
+        "hstore": ("string", "io.debezium.data.Json"),
     }
     if name == "interval":
         if modes.get("interval.handling.mode", "numeric") == "string":
@@ -325,6 +329,8 @@ def encode(pg_type: str, text: str, fact: str | None, value: Any, modes: dict[st
     if name in ("bit", "bit varying"):
         number = int(text, 2) if text else 0
         return base64.b64encode(number.to_bytes((number.bit_length() + 7) // 8, "little")).decode()
+    if name == "hstore":
+        return fact  # the map as JSON text
     return text  # text, varchar, json, jsonb, uuid
 
 
@@ -409,6 +415,7 @@ def source_table(dsn: str) -> tuple[dict[int, str], dict[int, tuple[str, str, st
     facts: dict[int, tuple[str, str, str | None, Any]] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS hstore")
         conn.execute(
             sql.SQL("CREATE TABLE public.{} (id bigint PRIMARY KEY, {}, {} jsonb)").format(
                 sql.Identifier(TABLE), ddl, sql.Identifier(BIG_DOC)
