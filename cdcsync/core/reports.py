@@ -33,6 +33,7 @@ from cdcsync.core.errors import (
     SchemaChangeError,
     ServiceError,
     SinkError,
+    SourceWentBack,
     TargetRefused,
     UndecodableMessage,
 )
@@ -47,6 +48,9 @@ class Kind(str, Enum):
     SCHEMA_CHANGE = "schema_change"
     """fields: fields ([name, type or None, why or None] of every column of the new schema), added (names),
     changed ([name, recorded type, new type]); once located, source, topic, partition, offset."""
+    SOURCE_WENT_BACK = "source_went_back"
+    """fields: message, hint. Snapshot reads below the positions a sink merged: the source database went back
+    (restored, replaced); the task wrote nothing (:mod:`cdcsync.sinks.positions`)."""
     UNDECODABLE = "undecodable"
     """fields: reason; once located, topic, partition, offset."""
     WRITE_FAILED = "write_failed"
@@ -100,7 +104,7 @@ class Report:
             if "topic" in f:
                 return f"message at {f['topic']}/{f['partition']}@{f['offset']} could not be decoded: {f['reason']}"
             return str(f["reason"])
-        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE, Kind.REFUSED):
+        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE, Kind.REFUSED, Kind.SOURCE_WENT_BACK):
             return str(f["message"])
         if self.kind is Kind.SCHEMA_CHANGE and "topic" not in f:
             changes = [f"new field {name!r}" for name in f["added"]]
@@ -141,6 +145,8 @@ class Report:
                     f"{pipeline_file}` once the configuration is fixed"
                 ),
             )
+        if self.kind is Kind.SOURCE_WENT_BACK:
+            return SourceWentBack(str(f["message"]), hint=str(f["hint"]))  # names the sink and the batch's reads
         message = f"{doing}: {f['message']}" if doing else str(f["message"])
         if self.kind is Kind.REFUSED:
             return TargetRefused(
@@ -187,6 +193,10 @@ def refused(message: str) -> Report:
 
 def service_unavailable(message: str) -> Report:
     return Report(Kind.SERVICE_UNAVAILABLE, {"message": message})
+
+
+def source_went_back(message: str, hint: str) -> Report:
+    return Report(Kind.SOURCE_WENT_BACK, {"message": message, "hint": hint})
 
 
 def first_to_raise(reports: Iterable[Report]) -> Report | None:

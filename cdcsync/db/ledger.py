@@ -15,7 +15,7 @@ the checkpoint (:mod:`cdcsync.runtime.checkpoint`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,10 +97,12 @@ class LedgeredSink:
         except psycopg.Error as error:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
 
-    def record_landed(self, ledger_key: dict[str, Any], rows_written: int) -> bool:
+    def record_landed(
+        self, ledger_key: dict[str, Any], rows_written: int, also: Callable[[Any], None] | None = None
+    ) -> bool:
         """Record a batch whose target was written outside the ledger's transaction (ClickHouse's inserts, a webhook's
         posts, a Delta commit), with its rows, while this run still owns the pipeline; False when another attempt
-        recorded it first."""
+        recorded it first. ``also`` writes what else belongs to the batch's record, in the same transaction."""
         import psycopg
 
         try:
@@ -109,6 +111,8 @@ class LedgeredSink:
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     return False
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": rows_written})
+                if also is not None:
+                    also(conn)
         except psycopg.Error as error:
             raise self._error(f"recording batch {ledger_key['batch_id']} in the ledger", error) from None
         return True

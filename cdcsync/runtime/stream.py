@@ -54,7 +54,7 @@ from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_i
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.runtime.metrics import Health
 from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats, record_progress
-from cdcsync.sinks.clickhouse import ClickHouseTableSink
+from cdcsync.sinks.clickhouse import ClickHouseTableSink, track_positions
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.kafka import KafkaTableSink
@@ -215,9 +215,11 @@ class BatchHandler:
             raise away.naming(source_brokers(self.pipeline.name, self.source, self.settings)) from None
 
     def fence_sinks(self, fence: MergeFence | None) -> None:
-        """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks)."""
+        """Make every merge of this source pass ``fence`` (again after ``schema_evolution: auto`` rebuilt its sinks),
+        and let its ClickHouse sinks collect their tasks' source positions."""
         self.fence = fence
         fence_all(fence, [*self.sinks.values(), *(self.graph.tables.values() if self.graph else ())])
+        track_positions(self.sinks.values(), self.spark_context)
 
     @property
     def retry_budget(self) -> RetryBudget:

@@ -14,6 +14,10 @@ How a micro-batch lands (orchestrated by :mod:`cdcsync.engine.batch`, beside the
 3. :meth:`ClickHouseTableSink.merge`: the driver records the batch in the ledger. A crash between 2 and 3 replays
    the batch; step 2's tokens make that harmless.
 
+Like the Postgres sinks, a ClickHouse sink stops at a source that went back (:mod:`cdcsync.sinks.positions`): the
+driver reads the sink's mark in step 1, each task checks its snapshot reads against it before it inserts, and step
+3 raises the mark to the positions the tasks inserted (a Spark accumulator), in the ledger's transaction.
+
 ReplacingMergeTree replaces rows only within a partition. When ``partition_by`` reads a non-key column, a delete
 (whose decoded row holds only the key under ``REPLICA IDENTITY DEFAULT``, so it computes another partition) or an
 update that changes the partition lands away from the key's older rows: ``FINAL`` still shows the newest version
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +48,13 @@ from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.migrations.target import column_problems
-from cdcsync.sinks import clickhouse_moves, key_moves, tombstones
+from cdcsync.sinks import clickhouse_moves, key_moves, positions, tombstones
 from cdcsync.sinks.clickhouse_values import fit_temporal_columns
 from cdcsync.sinks.recorded import RecordedSink
 from cdcsync.sql.render import render
 
 if TYPE_CHECKING:
+    from decimal import Decimal
     from pathlib import Path
 
     import pyarrow as pa
@@ -88,6 +94,8 @@ class ClickHouseWriter:
     moved_sql: tuple[str, str, str] = ("", "", "")
     """``moved_values``, ``moved_rows`` and ``moved_correct.sql.j2``: key changes across tasks and batches
     (:mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in ``append_only_mode: false``."""
+    positions: positions.TaskPositions | None = None
+    """The sink's mark, which the task's snapshot reads must not lie below; None for a source without one."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -104,6 +112,8 @@ class ClickHouseWriter:
         table = table.filter(pc.not_equal(table.column("_cdc_op"), "t"))
         if table.num_rows == 0:
             return 0
+        if self.positions is not None:
+            self.positions.check(table)  # before anything is written: a source that went back stops the batch
         moves = self._key_moves(table)
         across = self._across_tasks(table, key_move_rows)
         table = newest_per_key(table, self.primary_key, self.toastable)
@@ -464,10 +474,41 @@ class ClickHouseTableSink(RecordedSink):
                 ),
             )
         self._rows_staged = 0
+        self.spark_context: Any = None
+        """Set by the run (:func:`track_positions`): where the tasks' positions accumulate. Without it (no Spark)
+        the tasks still check their reads against the mark, but the mark is not raised."""
+        self._mark: tuple[Decimal | None, Decimal | None] = (None, None)
+        self._positions: Any = None
+        """The accumulator of the batch attempt being staged (:class:`~cdcsync.sinks.positions.HighestPositions`)."""
 
     @property
     def target_name(self) -> str:
         return f"{self.sink.database}.{self.sink.table}"
+
+    def prepare(self, ledger_key: dict[str, Any]) -> bool:
+        """False when the ledger already holds this batch with the same offset ranges; else read the sink's mark
+        of source positions, which the tasks check their snapshot reads against."""
+        import psycopg
+
+        if not self.not_landed(ledger_key):
+            return False
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                self._mark = positions.read_mark(conn, self.pipeline.name, self.sink_id)
+        except psycopg.Error as error:
+            raise self._error("reading the source positions merged", error) from None
+        return True
+
+    def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
+        """Record the batch (its inserts are done) in the ledger and raise the sink's mark to the positions the
+        tasks inserted, in one transaction; None if another attempt recorded it first."""
+        newest, snapshot = self._positions.value if self._positions is not None else (None, None)
+        self._positions = None
+
+        def save(conn: Any) -> None:
+            positions.save_mark(conn, self.pipeline.name, self.sink_id, newest, snapshot)
+
+        return rows_staged if self.record_landed(ledger_key, rows_staged, also=save) else None
 
     def stage_writer(self, batch_id: int, checkpoint_id: str = "") -> ClickHouseWriter:
         return ClickHouseWriter(
@@ -489,7 +530,21 @@ class ClickHouseTableSink(RecordedSink):
             binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
             lone_sql=self._lone_sql,
             moved_sql=self._moved_sql,
+            positions=self._task_positions(),
         )
+
+    def _task_positions(self) -> positions.TaskPositions | None:
+        """What this batch attempt's tasks check their reads against, with a fresh accumulator for what they
+        insert; None for a source without Debezium positions to check (bounded and plugin sources)."""
+        source = self.pipeline.sources.get(self.pipeline.root_of(self.sink.from_))
+        if source is None:
+            return None
+        accumulator = None
+        if self.spark_context is not None:
+            accumulator = self.spark_context.accumulator((None, None), positions.HighestPositions())
+        self._positions = accumulator
+        mark, seen = self._mark
+        return positions.TaskPositions(self.sink_id, source, mark, seen, accumulator)
 
     # -- startup check ----------------------------------------------------------------------------------------
     def check_table(self, client: Any) -> None:
@@ -559,3 +614,10 @@ def startup_check(pipeline: Pipeline, settings: Settings, *, pipeline_file: Path
             check_table(client, sink_id, sink_state(pipeline, sink))
     finally:
         client.close()
+
+
+def track_positions(sinks: Iterable[object], spark_context: Any) -> None:
+    """Let the ClickHouse sinks among ``sinks`` collect the positions their tasks insert through ``spark_context``."""
+    for sink in sinks:
+        if isinstance(sink, ClickHouseTableSink):
+            sink.spark_context = spark_context

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config import toast
 from cdcsync.config.toast import PLACEHOLDER_BYTES
-from cdcsync.core import names
 from cdcsync.core.errors import MigrationError, SinkError
 from cdcsync.core.names import KEY_MOVE_OP
 from cdcsync.db.ledger import LedgeredSink
@@ -131,15 +130,11 @@ class DeltaTableSink(LedgeredSink):
         """(the commit position of the newest change merged, the snapshot seen), or Nones before the first."""
         import psycopg
 
-        sql = render("postgres/runtime/position_mark.sql.j2", **self._position_values)
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                row = conn.execute(sql).fetchone()
+                return positions.read_mark(conn, self.pipeline.name, self.sink_id)
         except psycopg.Error as error:
             raise self._error("reading the source positions merged", error) from None
-        if row is None:
-            return None, None
-        return tuple(None if value is None else Decimal(value) for value in row)  # type: ignore[return-value]
 
     def _save_positions(self, found: positions.BatchPositions) -> None:
         """Raise the mark after the batch landed (not atomic with Delta's commit: a crash in between leaves it
@@ -148,16 +143,11 @@ class DeltaTableSink(LedgeredSink):
 
         if found.newest is None and found.snapshot is None:
             return
-        sql = render("postgres/runtime/position_save.sql.j2", **self._position_values)
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(sql, {"position": found.newest, "snapshot": found.snapshot})
+                positions.save_mark(conn, self.pipeline.name, self.sink_id, found.newest, found.snapshot)
         except psycopg.Error as error:
             raise self._error("recording the source positions merged", error) from None
-
-    @property
-    def _position_values(self) -> dict[str, Any]:
-        return {"internal_schema": names.INTERNAL_SCHEMA, "pipeline": self.pipeline.name, "sink_id": self.sink_id}
 
     # -- the batch's rows -----------------------------------------------------------------------------------
     def _changes(self, changes: DataFrame) -> DataFrame:

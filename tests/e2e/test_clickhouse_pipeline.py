@@ -124,6 +124,15 @@ def test_clickhouse_and_postgres_mirror_end_equal_and_a_replayed_batch_adds_noth
     assert len(batches["orders_ch"]) >= 4  # 50k+ messages in batches of 15k
     raw_before = raw_rows(clickhouse_database)
     assert raw_before == ledger_rows_written(postgres_dsn, spec["name"], "orders_ch")
+    # The ClickHouse sink's mark of source positions (raised from its tasks through a Spark accumulator) is the
+    # one the Postgres mirror keeps in SQL over the same batches.
+    with psycopg.connect(postgres_dsn) as conn:
+        marks = dict(
+            conn.execute(
+                "SELECT sink, position FROM cdcsync.source_positions WHERE pipeline = %s", (spec["name"],)
+            ).fetchall()
+        )
+    assert marks.keys() == {"mirror", "orders_ch"} and marks["orders_ch"] == marks["mirror"] > 2**65
     assert raw_before > len(load.expected)  # versions and delete rows, not yet merged away
 
     # Crash after the last batch's inserts but before its commit and its ClickHouse ledger row: Spark replays

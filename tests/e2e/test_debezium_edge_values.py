@@ -138,21 +138,28 @@ def render_column(name: str, pg_type: str, interval_mode: str, decimal_mode: str
     return sql.SQL("{}::text").format(column)
 
 
-def rendered(schema: str, interval_mode: str, decimal_mode: str) -> sql.Composable:
-    columns = [sql.SQL("id::text")] + [render_column(n, t, interval_mode, decimal_mode) for n, (t, _) in EDGES.items()]
+def rendered(
+    schema: str, interval_mode: str, decimal_mode: str, edges: dict[str, tuple[str, list[str]]] = EDGES
+) -> sql.Composable:
+    columns = [sql.SQL("id::text")] + [render_column(n, t, interval_mode, decimal_mode) for n, (t, _) in edges.items()]
     columns.append(sql.SQL("md5({}::text)").format(sql.Identifier(BIG_DOC)))
     return sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(columns), sql.Identifier(schema, TABLE))
 
 
 def differences(
-    source_dsn: str, mirror_dsn: str, modes: dict[str, str], schema: str = "app"
+    source_dsn: str,
+    mirror_dsn: str,
+    modes: dict[str, str],
+    schema: str = "app",
+    edges: dict[str, tuple[str, list[str]]] = EDGES,
 ) -> tuple[list[Any], list[Any]]:
+    """(source rows not in the mirror, mirror rows not in the source) of the ``edges`` columns, after the casts."""
     interval_mode = modes.get("interval.handling.mode", "numeric")
     decimal_mode = modes.get("decimal.handling.mode", "precise")
     with psycopg.connect(mirror_dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
-        mirror = conn.execute(rendered(schema, interval_mode, decimal_mode)).fetchall()
-    width = len(EDGES) + 2
+        mirror = conn.execute(rendered(schema, interval_mode, decimal_mode, edges)).fetchall()
+    width = len(edges) + 2
     with psycopg.connect(source_dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
         conn.execute(
@@ -163,14 +170,16 @@ def differences(
         with conn.cursor().copy("COPY mirror_rows FROM STDIN") as copy:
             for row in mirror:
                 copy.write_row(row)
-        source = rendered("public", interval_mode, decimal_mode)
+        source = rendered("public", interval_mode, decimal_mode, edges)
         missing = conn.execute(sql.SQL("{} EXCEPT SELECT * FROM mirror_rows").format(source)).fetchall()
         extra = conn.execute(sql.SQL("SELECT * FROM mirror_rows EXCEPT {}").format(source)).fetchall()
     return missing, extra
 
 
-def describe(missing: list[Any], extra: list[Any], labels: dict[int, str]) -> str:
-    names = ["id", *EDGES, BIG_DOC]
+def describe(
+    missing: list[Any], extra: list[Any], labels: dict[int, str], edges: dict[str, tuple[str, list[str]]] = EDGES
+) -> str:
+    names = ["id", *edges, BIG_DOC]
     ours, theirs = {int(r[0]): r for r in missing}, {int(r[0]): r for r in extra}
     lines = [f"{len(missing)} source rows not in the mirror, {len(extra)} mirror rows not in the source"]
     for key in sorted(ours.keys() | theirs.keys())[:40]:

@@ -224,6 +224,77 @@ def test_run_refuses_a_pending_clickhouse_migration_naming_the_file(
     assert "clickhouse-client --multiquery" in (refused.value.hint or "")
 
 
+class LocalAccumulators:
+    """Spark's accumulators without Spark, for the writer's source positions: the driver's value, merged with each
+    task's update by the accumulator's parameter, as Spark merges them when a task succeeds."""
+
+    def accumulator(self, value: Any, param: Any) -> Any:
+        return LocalAccumulator(value, param)
+
+
+class LocalAccumulator:
+    def __init__(self, value: Any, param: Any) -> None:
+        self.value, self.param = value, param
+
+    def add(self, term: Any) -> None:
+        self.value = self.param.addInPlace(self.value, term)
+
+
+def test_a_snapshot_below_the_merged_positions_stops_the_run(
+    clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """As for Postgres and Delta sinks (docs/operations.md#a-source-that-went-back): the sink keeps its mark in
+    Postgres' cdcsync.source_positions, a task whose snapshot reads lie below it inserts nothing and stops the batch
+    (through the engine's staging pass and report), and reads of the snapshot already seen never stop the run."""
+    import psycopg
+
+    from cdcsync.core.errors import SourceWentBack
+    from cdcsync.engine.batch import StageRowsTask, raise_reported
+
+    def position(commit: int, lsn: int) -> int:
+        return (commit << 64) + lsn
+
+    client = clickhouse_database.client()
+    pipeline = _pipeline(clickhouse_database.database)
+    migrations.init(POSTGRES, pipeline, tmp_path)
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, tmp_path)
+    _migrate(client, pipeline, tmp_path)
+    sink = ClickHouseTableSink(
+        pipeline, "orders_ch", pipeline.clickhouse_sinks()["orders_ch"], postgres_dsn, clickhouse_database.url
+    )
+    sink.spark_context = LocalAccumulators()
+
+    def land(batch_id: int, rows: list[tuple[str, int, str, int, str | None]]) -> int | None:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        task = StageRowsTask((sink.stage_writer(batch_id, "cp"),))
+        (counts,) = list(task(iter(_changes(rows).to_batches())))
+        raise_reported([r for r in counts.column("report").to_pylist() if r], f"staging batch {batch_id}", "p.yaml")
+        return sink.merge(key, sum(counts.column("rows").to_pylist()))
+
+    def mark() -> tuple[Any, ...] | None:
+        with psycopg.connect(postgres_dsn) as conn:
+            return conn.execute("SELECT position, snapshot FROM cdcsync.source_positions").fetchone()
+
+    snapshot = 0x16_0000_0000
+    land(0, [("a", 1, "r", snapshot, "read"), ("a", 2, "c", position(0x16_B374_D848, 0x16_B374_D900), "streamed")])
+    assert mark() == (position(0x16_B374_D848, 0x16_B374_D900), snapshot)
+    land(1, [("a", 3, "r", snapshot, "read of the same snapshot, in another partition, later")])
+    land(2, [("a", 4, "r", 0x17_0000_0000, "a re-snapshot of the same source")])
+    assert mark() == (position(0x16_B374_D848, 0x16_B374_D900), 0x17_0000_0000)
+    with pytest.raises(SourceWentBack) as went_back:
+        land(3, [("a", 5, "r", 0x3_0000_0000, "restored source"), ("a", 6, "r", 0x3_0000_0000, "restored too")])
+    message = str(went_back.value)
+    assert "sink 'orders_ch': 2 snapshot read(s) from topic 't.orders' at source position 3/0" in message
+    assert "16/B374D848" in message
+    assert went_back.value.hint is not None and "source_positions" in went_back.value.hint
+    assert [row[1] for row in _current(client, clickhouse_database.database)] == [1, 2, 3, 4]  # nothing inserted
+    assert land(3, [("a", 7, "c", position(0x17_0000_0100, 0x17_0000_0200), "retried")]) is not None
+    assert [row[1] for row in _current(client, clickhouse_database.database)] == [1, 2, 3, 4, 7]
+    assert mark() == (position(0x17_0000_0100, 0x17_0000_0200), 0x17_0000_0000)
+
+
 def test_writer_inserts_versions_and_deletes_and_a_repeated_task_adds_nothing(
     clickhouse_database: ClickHouseDatabase, tmp_path: Path, postgres_dsn: str
 ) -> None:

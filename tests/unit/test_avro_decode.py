@@ -315,6 +315,39 @@ TIME_MICROS = ((12 * 60 + 34) * 60 + 56) * 1_000_000 + 789_012  # 12:34:56.78901
 
 
 @pytest.mark.parametrize(
+    "avro_type",
+    [
+        connect("long", "io.debezium.time.Timestamp"),  # adaptive mode, timestamp(0-3)
+        {"type": "long", "logicalType": "timestamp-millis"},  # connect mode
+        connect("long", "io.debezium.time.MicroTimestamp"),
+        {"type": "array", "items": opt(connect("long", "io.debezium.time.Timestamp"))},
+    ],
+)
+def test_timestamp_infinities_in_any_unit_are_not_scaled(registry: Any, avro_type: Any) -> None:
+    """Debezium writes ``±infinity`` as pgjdbc's sentinels, the same number in a millisecond field as in a
+    microsecond one: scaled to microseconds first, it was out of range and the message undecodable."""
+    import pyarrow as pa
+
+    from cdcsync.core.temporal import TIMESTAMP_NEGATIVE_INFINITY, TIMESTAMP_POSITIVE_INFINITY
+
+    fake, access = registry
+    schema = envelope([("id", "long"), ("v", avro_type)])
+    schema_id = fake.add(schema)
+    array = avro_type.get("type") == "array"
+    spec = spec_for(access, {"id": "bigint", "v": "timestamp(3)[]" if array else "timestamp(3)"})
+    micros = avro_type.get("connect.name") == "io.debezium.time.MicroTimestamp"
+    sentinels = [9_223_372_036_825_200_000, -9_223_372_036_832_400_000, 1_704_067_200_123 * (1000 if micros else 1)]
+    values = [[v] for v in sentinels] if array else sentinels
+    raws = [encode(schema_id, schema, change("c", after={"id": i, "v": v})) for i, v in enumerate(values)]
+    (batch,) = list(decode_batches(iter([kafka_batch([(None, raw) for raw in raws])]), spec))
+    assert batch.column("_dlq_reason").to_pylist() == [None] * 3
+    column = batch.column("v")
+    stored = (column.flatten() if array else column).cast(pa.int64()).to_pylist()
+    last = 1_704_067_200_123_000
+    assert stored == [TIMESTAMP_POSITIVE_INFINITY, TIMESTAMP_NEGATIVE_INFINITY, last]
+
+
+@pytest.mark.parametrize(
     ("avro_type", "pg", "value", "expected"),
     [
         (connect("int", "io.debezium.time.Date"), "date", 19723, date(2024, 1, 1)),

@@ -8,7 +8,14 @@ import pickle
 
 import pytest
 
-from cdcsync.core.errors import NewTopicError, SchemaChangeError, SinkError, UndecodableMessage, exit_code_for
+from cdcsync.core.errors import (
+    NewTopicError,
+    SchemaChangeError,
+    SinkError,
+    SourceWentBack,
+    UndecodableMessage,
+    exit_code_for,
+)
 from cdcsync.core.reports import (
     Kind,
     Report,
@@ -18,6 +25,7 @@ from cdcsync.core.reports import (
     first_to_raise,
     new_topic,
     schema_change,
+    source_went_back,
     undecodable,
     without_tokens,
     write_failed,
@@ -33,6 +41,7 @@ EVERY_KIND = [
         topic="t", partition=0, offset=5
     ),
     write_failed("sink 'm': COPY failed: connection refused", retriable=True),
+    source_went_back("sink 'ch': 2 snapshot read(s) from topic 't' at source position 3/0 lie below", "see docs"),
 ]
 
 
@@ -68,7 +77,7 @@ def test_every_kind_round_trips_through_its_encoding_and_through_spark_text(repo
 
 
 def test_every_kind_becomes_its_driver_error_with_the_contracted_exit_code() -> None:
-    topic, change, bad, write = (report.error("staging batch 4", "shop.yaml") for report in EVERY_KIND)
+    topic, change, bad, write, back = (report.error("staging batch 4", "shop.yaml") for report in EVERY_KIND)
     assert isinstance(topic, NewTopicError) and exit_code_for(topic) == 2
     assert (topic.topic, topic.partition, topic.offset) == ("shop.public.refunds", 3, 7)
     assert "cdcsync init shop.yaml" in (topic.hint or "")
@@ -78,6 +87,8 @@ def test_every_kind_becomes_its_driver_error_with_the_contracted_exit_code() -> 
     assert str(bad).startswith("message at t/0@5 could not be decoded: value is not JSON")
     assert isinstance(write, SinkError) and write.retriable and exit_code_for(write) == 1
     assert str(write) == "staging batch 4: sink 'm': COPY failed: connection refused"
+    assert isinstance(back, SourceWentBack) and exit_code_for(back) == 2 and back.hint == "see docs"
+    assert str(back).startswith("sink 'ch': 2 snapshot read(s)")  # the same text as a Postgres sink's
 
 
 def test_a_report_of_an_unknown_kind_is_not_read_and_the_failure_stays_unclassified() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from cdcsync.config.types import PgType
 from cdcsync.sources.debezium.avro_schema import avro_annotations, resolve
+from cdcsync.sources.debezium.temporal import PGJDBC_TIMESTAMP_INFINITIES
 from cdcsync.sources.debezium.values import (
     DEBEZIUM_DECIMAL,
     INT_RANGES,
@@ -183,6 +184,18 @@ def _scaled(unit: int) -> Translate:
     return translate
 
 
+def _scaled_timestamp(unit: int) -> Translate:
+    """Scaled to microseconds, except Debezium's ``±infinity``, which is the same number in every unit: the
+    converter reads it as it comes (scaled, it would be out of range)."""
+
+    def translate(value: Any) -> Any:
+        if type(value) is not int or value in PGJDBC_TIMESTAMP_INFINITIES:
+            return value
+        return scale_int(value, unit)
+
+    return translate
+
+
 def _not_integral(pg: PgType) -> Translate:
     def translate(value: Any) -> Any:
         raise Reject(f"{show(value)} is not a valid {pg.sql} (not an integer)")
@@ -271,7 +284,8 @@ def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -
     if base in ("int", "long"):
         if kind in _TIMESTAMP_KINDS:
             unit = _AVRO_TIMESTAMP_UNITS.get(logical or "", 1)
-        elif kind == "time without time zone":
+            return None if unit == 1 else _scaled_timestamp(unit)
+        if kind == "time without time zone":
             unit = _AVRO_TIME_UNITS.get(logical or "", 1)
         elif kind == "date" and logical in _AVRO_TIMESTAMP_UNITS and _AVRO_TIMESTAMP_UNITS[logical] != US_PER_DAY:
             micros_per = _AVRO_TIMESTAMP_UNITS[logical]

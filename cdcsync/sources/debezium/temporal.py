@@ -62,10 +62,12 @@ _DEBEZIUM_DATE_INFINITIES = {
     days_from_civil(-5877611, 6, 21): DATE_POSITIVE_INFINITY,
     days_from_civil(-5877611, 6, 22): DATE_NEGATIVE_INFINITY,
 }
-_PGJDBC_TIMESTAMP_INFINITIES = {
+PGJDBC_TIMESTAMP_INFINITIES = {
     9_223_372_036_825_200_000: TIMESTAMP_POSITIVE_INFINITY,  # pgjdbc's PGStatement.DATE_POSITIVE_INFINITY
     -9_223_372_036_832_400_000: TIMESTAMP_NEGATIVE_INFINITY,
 }
+"""Debezium's timestamp ``±infinity``: the same number whatever the field's unit (milliseconds, microseconds,
+nanoseconds), so it is recognised before any scaling."""
 _INFINITY_WORDS = {"infinity": 1, "+infinity": 1, "-infinity": -1}
 _OUT_OF_DATES = "out of range for date (Postgres' dates run from 4714-11-24 BC to 5874897-12-31)"
 
@@ -211,8 +213,8 @@ def timestamp_converter(name: str, pg: PgType, time_mode: str | None = None) -> 
                     raise _too_fine(value, expected)
                 return parsed
         elif kind is int:
-            if value in _PGJDBC_TIMESTAMP_INFINITIES:
-                return _PGJDBC_TIMESTAMP_INFINITIES[value]
+            if value in PGJDBC_TIMESTAMP_INFINITIES:
+                return PGJDBC_TIMESTAMP_INFINITIES[value]
             if ctx[0] is not None:
                 micros = scale_int(value, TIMESTAMP_UNITS.get(logical_type(column_schema(ctx, name))[0] or "", 1))
             else:
