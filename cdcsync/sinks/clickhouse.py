@@ -11,8 +11,10 @@ How a micro-batch lands (orchestrated by :mod:`cdcsync.engine.batch`, beside the
    topic, partition and offset range the task read. Spark replays a batch with the offsets recorded in its
    checkpoint, so a replayed or retried task sends the same rows under the same token, and the table (created
    with ``non_replicated_deduplication_window``) drops them: a replay adds no rows.
-3. :meth:`ClickHouseTableSink.merge`: the driver records the batch in the ledger. A crash between 2 and 3 replays
-   the batch; step 2's tokens make that harmless.
+3. :meth:`ClickHouseTableSink.merge`: the driver passes the large values of primary-key changes on to their new
+   keys, along chains of them (:mod:`cdcsync.sinks.clickhouse_moves`; only for tables with placeholder columns,
+   and only when a key changed), then records the batch in the ledger. A crash between 2 and 3 replays the batch;
+   step 2's tokens make that harmless, and step 3 finds its own corrections done.
 
 ReplacingMergeTree replaces rows only within a partition. When ``partition_by`` reads a non-key column, a delete
 (whose decoded row holds only the key under ``REPLICA IDENTITY DEFAULT``, so it computes another partition) or an
@@ -41,6 +43,7 @@ from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
+from cdcsync.db.executor_errors import task_failure
 from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.migrations.target import column_problems
 from cdcsync.sinks import clickhouse_moves, key_moves, tombstones
@@ -85,9 +88,11 @@ class ClickHouseWriter:
     """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
     lone_sql: str = ""
     """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
-    moved_sql: tuple[str, str, str] = ("", "", "")
-    """``moved_values``, ``moved_rows`` and ``moved_correct.sql.j2``: key changes across tasks and batches
-    (:mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in ``append_only_mode: false``."""
+    links: tuple[str, str, str] = ("", "", "")
+    """Postgres DSN, pipeline and sink under which moved deletes' links are kept (``key_move_links.sql.j2``: key
+    changes across tasks and batches, :mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or
+    in ``append_only_mode: false``."""
+    links_sql: str = ""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -125,7 +130,7 @@ class ClickHouseWriter:
                 if table.num_rows == 0:
                     return 0
             table = self._fill_unchanged_values(client, table, moves)
-            table, carried, left = self._resolve_across_tasks(client, table, across)
+            table = self._carry_into_deletes(client, table, across)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
             may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
@@ -133,89 +138,42 @@ class ClickHouseWriter:
                 return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
             self._mark_other_partitions(client, rows.filter(may_move))
-            self._after_insert(client, table, across, carried, left, token)
         except Exception as error:
             raise _task_error(doing, error) from None
         finally:
             client.close()
+        if across is not None and across.moved:
+            dsn, pipeline, sink = self.links
+            try:  # after the insert, so that a link always leads to a delete row that is there
+                clickhouse_moves.record_links(dsn, self.links_sql, pipeline, sink, self.primary_key, across.moved)
+            except Exception as error:
+                raise task_failure(f"{doing}: recording its key changes in cdcsync.key_moves", error) from None
         return rows.num_rows
 
     def _across_tasks(self, table: pa.Table, key_move_rows: pa.Table) -> _AcrossTasks | None:
-        """What this task's part in key changes across tasks and batches needs from its uncollapsed changes."""
-        if not self.toastable or not self.moved_sql[0]:
+        """This task's moved deletes (the other half may be in another task or batch), from its uncollapsed
+        changes, with the old keys' values that changes before them in the task set."""
+        if not self.toastable or not self.links_sql:
             return None
         moved = clickhouse_moves.moved_deletes(key_move_rows, table, self.primary_key)
+        if not moved:
+            return None
         earlier = clickhouse_moves.values_before(
             table, {m.old: m.version for m in moved}, self.primary_key, self.toastable
         )
-        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
-        if not moved and not created:
-            return None
-        return _AcrossTasks(moved, earlier, created, table.schema)
+        return _AcrossTasks(moved, earlier, table.schema)
 
-    def _resolve_across_tasks(
-        self, client: Any, table: pa.Table, across: _AcrossTasks | None
-    ) -> tuple[pa.Table, dict[tuple[Any, ...], dict[str, Any]], list[int]]:
-        """Moved deletes carry the old key's values; creates of new keys take them from delete rows already in
-        the table (:mod:`cdcsync.sinks.clickhouse_moves`). Returns the table, the carried values by old key and
-        the rows whose placeholders are still unresolved."""
+    def _carry_into_deletes(self, client: Any, table: pa.Table, across: _AcrossTasks | None) -> pa.Table:
+        """Moved deletes carry the old key's values (:mod:`cdcsync.sinks.clickhouse_moves`): those set in the
+        task, else the stored row's, read in one query for the old keys that lack some."""
         if across is None:
-            return table, {}, []
-        binary = self.binary_columns
+            return table
         stored: dict[tuple[Any, ...], dict[str, Any]] = {}
         lacking = [m.old for m in across.moved if len(across.earlier.get(m.old, {})) < len(self.toastable)]
         if lacking:
-            rows = clickhouse_moves.stored_rows(client, self.stored_values_sql, lacking, binary)
+            rows = clickhouse_moves.stored_rows(client, self.stored_values_sql, lacking, self.binary_columns)
             stored = clickhouse_moves.live_values(rows, len(self.primary_key), across.schema, self.toastable)
-        table, carried = clickhouse_moves.carry_into_deletes(
-            table, across.moved, across.earlier, stored, self.primary_key
-        )
-        table, left = clickhouse_moves.fill_from_deletes(
-            client, self.moved_sql[0], table, across.created, self.primary_key, self.toastable, binary
-        )
-        return table, carried, left
-
-    def _after_insert(
-        self,
-        client: Any,
-        table: pa.Table,
-        across: _AcrossTasks | None,
-        carried: dict[tuple[Any, ...], dict[str, Any]],
-        left: list[int],
-        token: str,
-    ) -> None:
-        """Once this task's rows are in: creates that found no delete row look again (another task of the batch
-        may have inserted it meanwhile), and new keys that landed before this task's deletes are corrected."""
-        if across is None:
-            return
-        settings = _token_settings(f"{token}/moves")
-        if left:
-            unresolved = table.take(left)
-            filled, still = clickhouse_moves.fill_from_deletes(
-                client,
-                self.moved_sql[0],
-                unresolved,
-                across.created,
-                self.primary_key,
-                self.toastable,
-                self.binary_columns,
-            )
-            done = sorted(set(range(unresolved.num_rows)) - set(still))
-            if done:
-                rows = to_clickhouse_arrow(filled.take(done), self.columns)
-                client.insert_arrow(self.table, rows, database=self.database, settings=settings)
-        clickhouse_moves.correct_landed(
-            client,
-            self.moved_sql[1],
-            self.moved_sql[2],
-            across.moved,
-            carried,
-            across.schema,
-            self.primary_key,
-            self.toastable,
-            self.binary_columns,
-            settings,
-        )
+        return clickhouse_moves.carry_into_deletes(table, across.moved, across.earlier, stored, self.primary_key)
 
     def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
         """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
@@ -340,13 +298,11 @@ class ClickHouseWriter:
 
 @dataclass(frozen=True)
 class _AcrossTasks:
-    """A task's key changes whose other half may be in another task or batch (:mod:`~.clickhouse_moves`)."""
+    """A task's moved deletes, whose new key may be in another task or batch (:mod:`~.clickhouse_moves`)."""
 
     moved: list[clickhouse_moves.MovedDelete]
     earlier: dict[tuple[Any, ...], dict[str, Any]]
     """The moved deletes' old keys' values set by earlier changes in the task."""
-    created: dict[tuple[Any, ...], int]
-    """New keys created holding a placeholder, with the create's version."""
     schema: pa.Schema
 
 
@@ -438,6 +394,9 @@ class ClickHouseTableSink(RecordedSink):
             )
         columns = pipeline.columns_of(sink.from_)
         self.toastable = toast.toastable({name: columns[name] for name in self.columns if name not in self.primary_key})
+        self._placeholders = tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items())
+        """(column, the value Debezium's placeholder decodes to in it)."""
+        self._binary_columns = tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]"))
         self._stored_values_sql = ""
         if self.toastable:
             self._stored_values_sql = render(
@@ -447,7 +406,8 @@ class ClickHouseTableSink(RecordedSink):
                 primary_key=self.primary_key,
                 key_types=self.key_types,
             )
-        self._moved_sql = ("", "", "")
+        self._moved_sql = ("", "")
+        self._links_sql = ""
         if self.toastable and sink.append_only_mode:
             values = {
                 "target": (sink.database, sink.table),
@@ -456,13 +416,15 @@ class ClickHouseTableSink(RecordedSink):
                 "key_types": self.key_types,
             }
             self._moved_sql = (
-                render("clickhouse/runtime/moved_values.sql.j2", **values),
                 render("clickhouse/runtime/moved_rows.sql.j2", **values),
                 render(
                     "clickhouse/runtime/moved_correct.sql.j2",
                     **{**values, "columns": self.columns, "toastable": tuple(self.toastable)},
                 ),
             )
+            self._links_sql = render("postgres/runtime/key_move_links.sql.j2", statement="record")
+            self._pending_sql = render("postgres/runtime/key_move_links.sql.j2", statement="pending")
+            self._drop_sql = render("postgres/runtime/key_move_links.sql.j2", statement="drop")
         self._rows_staged = 0
 
     @property
@@ -484,12 +446,72 @@ class ClickHouseTableSink(RecordedSink):
             markers_sql=self._markers_sql,
             batch_id=batch_id,
             sink_label=self.label,
-            toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            toastable=self._placeholders,
             stored_values_sql=self._stored_values_sql,
-            binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
+            binary_columns=self._binary_columns,
             lone_sql=self._lone_sql,
-            moved_sql=self._moved_sql,
+            links=(self.dsn, self.pipeline.name, self.sink_id),
+            links_sql=self._links_sql,
         )
+
+    def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
+        """Pass moved values on (:meth:`follow_key_moves`), then record the batch."""
+        self.follow_key_moves(ledger_key["checkpoint_id"], ledger_key["batch_id"])
+        return super().merge(ledger_key, rows_staged)
+
+    def follow_key_moves(self, checkpoint_id: str, batch_id: int) -> None:
+        """After a batch's tasks (none runs beside this): pass the values of primary-key changes on to their new
+        keys along every pending link of the sink, also along chains, and drop the links whose values went on
+        (:mod:`cdcsync.sinks.clickhouse_moves`). A replayed batch finds the same state, or less to do."""
+        import psycopg
+
+        if not self._links_sql:
+            return
+        names = {"pipeline": self.pipeline.name, "sink": self.sink_id}
+        doing = f"passing key changes' values on after batch {batch_id}"
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                links = [
+                    clickhouse_moves.Link(
+                        clickhouse_moves.key_from_json(new, self.primary_key, self.key_types),
+                        int(version),
+                        clickhouse_moves.key_from_json(old, self.primary_key, self.key_types),
+                    )
+                    for new, version, old in conn.execute(self._pending_sql, names).fetchall()
+                ]
+        except psycopg.Error as error:
+            raise self._error(doing, error) from None
+        if not links:
+            return
+        client = connect(self.clickhouse_url, compression=self.sink.compression, form_encode_query_params=True)
+        try:
+            done = clickhouse_moves.pass_on(
+                client,
+                links,
+                self._moved_sql,
+                self._placeholders,
+                self._binary_columns,
+                f"cdcsync/{self.pipeline.name}/{self.sink_id}/{checkpoint_id}/{batch_id}/moves",
+            )
+        except Exception as error:
+            raise wrap_clickhouse_error(error, f"{self.label}: {doing} in {self.target_name}") from None
+        finally:
+            client.close()
+        if not done:
+            return
+        dropped = [
+            {
+                **names,
+                "key": clickhouse_moves.key_json(self.primary_key, link.new),
+                "version": link.version,
+            }
+            for link in done
+        ]
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
+                cur.executemany(self._drop_sql, dropped)
+        except psycopg.Error as error:
+            raise self._error(doing, error) from None
 
     # -- startup check ----------------------------------------------------------------------------------------
     def check_table(self, client: Any) -> None:
