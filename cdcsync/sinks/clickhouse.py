@@ -393,6 +393,10 @@ class ClickHouseTableSink(RecordedSink):
                 key_types=self.key_types,
             )
         columns = pipeline.columns_of(sink.from_)
+        self._bytes_columns = tuple(
+            name for name in self.columns if "bytea" in (columns[name].name, getattr(columns[name].element, "name", ""))
+        )
+        """``bytea`` and ``bytea[]`` columns: read back from ClickHouse as bytes."""
         self.toastable = toast.toastable({name: columns[name] for name in self.columns if name not in self.primary_key})
         self._placeholders = tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items())
         """(column, the value Debezium's placeholder decodes to in it)."""
@@ -406,21 +410,15 @@ class ClickHouseTableSink(RecordedSink):
                 primary_key=self.primary_key,
                 key_types=self.key_types,
             )
-        self._moved_sql = ("", "")
+        self._moved_sql = ""
         self._links_sql = ""
         if self.toastable and sink.append_only_mode:
-            values = {
-                "target": (sink.database, sink.table),
-                "columns": tuple(self.toastable),
-                "primary_key": self.primary_key,
-                "key_types": self.key_types,
-            }
-            self._moved_sql = (
-                render("clickhouse/runtime/moved_rows.sql.j2", **values),
-                render(
-                    "clickhouse/runtime/moved_correct.sql.j2",
-                    **{**values, "columns": self.columns, "toastable": tuple(self.toastable)},
-                ),
+            self._moved_sql = render(
+                "clickhouse/runtime/moved_rows.sql.j2",
+                target=(sink.database, sink.table),
+                columns=self.columns,
+                primary_key=self.primary_key,
+                key_types=self.key_types,
             )
             self._links_sql = render("postgres/runtime/key_move_links.sql.j2", statement="record")
             self._pending_sql = render("postgres/runtime/key_move_links.sql.j2", statement="pending")
@@ -489,8 +487,11 @@ class ClickHouseTableSink(RecordedSink):
                 client,
                 links,
                 self._moved_sql,
+                (self.sink.database, self.sink.table),
+                self.columns,
+                self.primary_key,
                 self._placeholders,
-                self._binary_columns,
+                self._bytes_columns,
                 f"cdcsync/{self.pipeline.name}/{self.sink_id}/{checkpoint_id}/{batch_id}/moves",
             )
         except Exception as error:

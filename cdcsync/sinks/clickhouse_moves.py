@@ -12,17 +12,17 @@ What ties that delete row to the new key is only the key-move row, which the tab
 the same version is merged away as soon as the new key changes again, or never inserted (collapsed behind a later
 change of its key in the same task). So the task records a **link** per moved delete, (new key, version, old key),
 in Postgres' ``cdcsync.key_moves`` (:func:`record_links`), and after every batch the driver passes the values on
-(:func:`pass_on`), in bulk, with no task running beside it:
+(:func:`pass_on`), in bulk, with no task running beside it: one read of every stored row of the pending links' keys
+(``moved_rows.sql.j2``, not ``FINAL``, which hides delete rows), then, in version order,
 
-* a new key whose newest row (at or after the move) still holds the placeholder gets the old key's values: its
-  row again at its own version, those columns taken from the old key's delete row (one ``INSERT … SELECT`` for
-  all such keys, ``moved_correct.sql.j2``);
+* a new key whose newest row (at or after the move) still holds the placeholder takes the old key's values;
 * a new key that has moved on itself (its newest row is its own delete, without the values: they came after it
-  moved) gets them on that delete row, which is the old key of the next link: the next round passes them on, so a
-  chain 7 -> 21 -> 31 -> ... ends with the values whatever the batches and their order. Each round reads the
-  newest rows of every pending link's keys with one ``SELECT … FINAL`` (``moved_rows.sql.j2``);
-* a link goes once its new key has a row at or after the move holding the values; one whose old key's values
-  never come (it held placeholders itself) stays, as in a Postgres sink.
+  moved) takes them on that delete row, which is the old key of the next link, so the values go on along a chain
+  7 -> 21 -> 31 -> ... to its end, whatever the batches and their order;
+
+and one insert of those rows again, each at its own version (ReplacingMergeTree keeps the row inserted last among
+rows of one version). A link goes once its new key's row has taken the values; one whose old key's values never
+come (it held placeholders itself) or whose new key never comes stays, as in a Postgres sink.
 
 ``OPTIMIZE ... FINAL CLEANUP`` removes delete rows, and ``append_only_mode: false`` writes none: a create that comes
 after that keeps the placeholder (docs/clickhouse.md).
@@ -37,6 +37,10 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+from cdcsync.config.clickhouse_types import DELETED_COLUMN as DELETED
+from cdcsync.config.clickhouse_types import TS_COLUMN
+from cdcsync.config.clickhouse_types import VERSION_COLUMN as VERSION
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -247,45 +251,67 @@ def known(value: Any, placeholder: Placeholder) -> bool:
 def pass_on(
     client: Any,
     links: list[Link],
-    sql: tuple[str, str],
+    rows_sql: str,
+    target: tuple[str, str],
+    columns: tuple[str, ...],
+    primary_key: tuple[str, ...],
     toastable: tuple[tuple[str, Placeholder], ...],
     binary: tuple[str, ...],
     token: str,
 ) -> list[Link]:
     """Driver side: pass the old keys' values on to the new keys along ``links`` (all of a sink's pending ones),
-    round by round until nothing changes (each round takes them one key further along a chain). ``sql``: the
-    ``moved_rows`` and ``moved_correct`` statements. Returns the links whose values have gone on."""
-    rows_sql, correct_sql = sql
-    width = len(links[0].new)
+    in version order, so along a chain in one pass: one read of every row of the links' keys (``rows_sql``: the
+    business ``columns``, then ``_version``, ``_is_deleted``, ``_cdc_ts``), one insert of the rows that took
+    values, each at its own version (the row inserted last wins among rows of one version). ``binary``: columns
+    read as bytes. Returns the links whose values have gone on."""
+    names = (*columns, VERSION, DELETED, TS_COLUMN)
     keys = {key for link in links for key in (link.new, link.old)}
+    newest = _newest_rows(stored_rows(client, rows_sql, keys, binary), names, primary_key, toastable)
+    changed: dict[Key, dict[str, Any]] = {}
     done: list[Link] = []
-    for _ in range(len(links) + 1):
-        newest = {tuple(row[:width]): row[width:] for row in stored_rows(client, rows_sql, keys, binary)}
-        corrections: list[tuple[Key, Key, int, list[str]]] = []
-        done = []
-        for link in links:
-            old, new = newest.get(link.old), newest.get(link.new)
-            if old is None or not old[1] or int(old[0]) != link.version:
-                done.append(link)  # the old key came back since: its delete row, and so the values, are gone
-                continue
-            have = {name for (name, held), value in zip(toastable, old[2:], strict=True) if known(value, held)}
-            if not have or new is None or int(new[0]) < link.version:
-                continue  # the values, or the new key, are still to come
-            flags = [
-                name
-                for (name, placeholder), value in zip(toastable, new[2:], strict=True)
-                if name in have and (is_placeholder(value, placeholder) or (new[1] and not known(value, placeholder)))
-            ]
-            if flags:
-                corrections.append((link.new, link.old, link.version, flags))
-            else:
-                done.append(link)
-        if not corrections:
-            return done
-        digest = hashlib.sha256(repr(sorted(corrections, key=repr)).encode()).hexdigest()[:16]
-        client.raw_query(
-            correct_sql,
-            parameters={"moves": corrections},
+    for link in sorted(links, key=lambda link: link.version):
+        old, new = newest.get(link.old), newest.get(link.new)
+        if old is None or not old[DELETED] or int(old[VERSION]) != link.version:
+            done.append(link)  # the old key came back since: its delete row, and so the values, are gone
+            continue
+        have = [name for name, held in toastable if known(old[name], held)]
+        if not have or new is None or int(new[VERSION]) < link.version:
+            continue  # the values, or the new key, are still to come
+        for name, held in toastable:
+            if name in have and (is_placeholder(new[name], held) or (new[DELETED] and not known(new[name], held))):
+                new[name] = old[name]  # in place: a later link from this key (it moved on) passes it further
+                changed[link.new] = new
+        done.append(link)
+    if changed:
+        data = [[row[name] for name in names] for row in changed.values()]
+        digest = hashlib.sha256(repr(data).encode()).hexdigest()[:16]
+        client.insert(
+            target[1],
+            data,
+            column_names=list(names),
+            database=target[0],
             settings={"insert_deduplication_token": f"{token}/{digest}"},
         )
     return done
+
+
+def _newest_rows(
+    rows: list[tuple[Any, ...]],
+    names: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...],
+) -> dict[Key, dict[str, Any]]:
+    """Each key's newest row (by ``name``), as ``FINAL`` would show it but delete rows included. Rows of one
+    version differ only where a later one took values an earlier one lacked: what any of them knows is kept."""
+    newest: dict[Key, dict[str, Any]] = {}
+    for values in rows:
+        row = dict(zip(names, values, strict=True))
+        key = tuple(row[name] for name in primary_key)
+        held = newest.get(key)
+        if held is None or row[VERSION] > held[VERSION]:
+            newest[key] = row
+        elif row[VERSION] == held[VERSION]:
+            for name, placeholder in toastable:
+                if not known(held[name], placeholder) and known(row[name], placeholder):
+                    held[name] = row[name]
+    return newest
