@@ -85,14 +85,17 @@ class ClickHouseWriter:
     """Reads the stored current row of keys whose newest change still holds a placeholder (see
     :meth:`_fill_unchanged_values`)."""
     binary_columns: tuple[str, ...] = ()
-    """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
+    """Columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
     lone_sql: str = ""
     """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
     links: tuple[str, str, str] = ("", "", "")
-    """Postgres DSN, pipeline and sink under which moved deletes' links are kept (``key_move_links.sql.j2``: key
-    changes across tasks and batches, :mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or
-    in ``append_only_mode: false``."""
-    links_sql: str = ""
+    """Postgres DSN, pipeline and sink under which moved deletes' links are kept (key changes across tasks and
+    batches, :mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in
+    ``append_only_mode: false``."""
+    links_sql: tuple[str, str] = ("", "")
+    """The ``record`` and ``created`` statements of ``key_move_links.sql.j2``."""
+    moved_rows_sql: str = ""
+    """Every stored row of given keys (``moved_rows.sql.j2``): the old keys' delete rows that carry values."""
 
     def stage(self, table: pa.Table) -> int:
         """Insert the newest change per key of ``table`` (one task's decoded partition); returns rows written."""
@@ -111,6 +114,7 @@ class ClickHouseWriter:
             return 0
         moves = self._key_moves(table)
         across = self._across_tasks(table, key_move_rows)
+        links = self._links_of_creates(table, moves)
         table = newest_per_key(table, self.primary_key, self.toastable)
         table = fit_temporal_columns(table, self.columns, self.sink_label)
         doing = (
@@ -130,6 +134,16 @@ class ClickHouseWriter:
                 if table.num_rows == 0:
                     return 0
             table = self._fill_unchanged_values(client, table, moves)
+            table = clickhouse_moves.fill_from_links(
+                client,
+                self.moved_rows_sql,
+                table,
+                links,
+                self.columns,
+                self.primary_key,
+                self.toastable,
+                self.binary_columns,
+            )
             table = self._carry_into_deletes(client, table, across)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
@@ -145,15 +159,32 @@ class ClickHouseWriter:
         if across is not None and across.moved:
             dsn, pipeline, sink = self.links
             try:  # after the insert, so that a link always leads to a delete row that is there
-                clickhouse_moves.record_links(dsn, self.links_sql, pipeline, sink, self.primary_key, across.moved)
+                clickhouse_moves.record_links(dsn, self.links_sql[0], pipeline, sink, self.primary_key, across.moved)
             except Exception as error:
                 raise task_failure(f"{doing}: recording its key changes in cdcsync.key_moves", error) from None
         return rows.num_rows
 
+    def _links_of_creates(self, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove]) -> list[clickhouse_moves.Link]:
+        """The links of the keys this task creates holding placeholders whose delete is not in the task: those
+        recorded already (the delete came first) let the create land with the values."""
+        if not self.toastable or not self.moved_rows_sql:
+            return []
+        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
+        created = {key: version for key, version in created.items() if key not in moves}
+        if not created:
+            return []
+        dsn, pipeline, sink = self.links
+        try:
+            return clickhouse_moves.links_of(
+                dsn, self.links_sql[1], pipeline, sink, self.primary_key, self.key_types, created
+            )
+        except Exception as error:
+            raise task_failure(f"{self.sink_label}: reading key changes from cdcsync.key_moves", error) from None
+
     def _across_tasks(self, table: pa.Table, key_move_rows: pa.Table) -> _AcrossTasks | None:
         """This task's moved deletes (the other half may be in another task or batch), from its uncollapsed
         changes, with the old keys' values that changes before them in the task set."""
-        if not self.toastable or not self.links_sql:
+        if not self.toastable or not self.moved_rows_sql:
             return None
         moved = clickhouse_moves.moved_deletes(key_move_rows, table, self.primary_key)
         if not moved:
@@ -400,7 +431,6 @@ class ClickHouseTableSink(RecordedSink):
         self.toastable = toast.toastable({name: columns[name] for name in self.columns if name not in self.primary_key})
         self._placeholders = tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items())
         """(column, the value Debezium's placeholder decodes to in it)."""
-        self._binary_columns = tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]"))
         self._stored_values_sql = ""
         if self.toastable:
             self._stored_values_sql = render(
@@ -411,7 +441,7 @@ class ClickHouseTableSink(RecordedSink):
                 key_types=self.key_types,
             )
         self._moved_sql = ""
-        self._links_sql = ""
+        self._links_sql = ("", "")
         if self.toastable and sink.append_only_mode:
             self._moved_sql = render(
                 "clickhouse/runtime/moved_rows.sql.j2",
@@ -420,7 +450,10 @@ class ClickHouseTableSink(RecordedSink):
                 primary_key=self.primary_key,
                 key_types=self.key_types,
             )
-            self._links_sql = render("postgres/runtime/key_move_links.sql.j2", statement="record")
+            self._links_sql = (
+                render("postgres/runtime/key_move_links.sql.j2", statement="record"),
+                render("postgres/runtime/key_move_links.sql.j2", statement="created"),
+            )
             self._pending_sql = render("postgres/runtime/key_move_links.sql.j2", statement="pending")
             self._drop_sql = render("postgres/runtime/key_move_links.sql.j2", statement="drop")
         self._rows_staged = 0
@@ -446,10 +479,11 @@ class ClickHouseTableSink(RecordedSink):
             sink_label=self.label,
             toastable=self._placeholders,
             stored_values_sql=self._stored_values_sql,
-            binary_columns=self._binary_columns,
+            binary_columns=self._bytes_columns,
             lone_sql=self._lone_sql,
             links=(self.dsn, self.pipeline.name, self.sink_id),
             links_sql=self._links_sql,
+            moved_rows_sql=self._moved_sql,
         )
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
@@ -463,7 +497,7 @@ class ClickHouseTableSink(RecordedSink):
         (:mod:`cdcsync.sinks.clickhouse_moves`). A replayed batch finds the same state, or less to do."""
         import psycopg
 
-        if not self._links_sql:
+        if not self._moved_sql:
             return
         names = {"pipeline": self.pipeline.name, "sink": self.sink_id}
         doing = f"passing key changes' values on after batch {batch_id}"

@@ -114,6 +114,19 @@ def values_before(
     return known
 
 
+def placeholder_creates(
+    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...]
+) -> dict[Key, int]:
+    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change."""
+    held = unavailable(table, toastable)
+    ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
+    created: dict[Key, int] = {}
+    for i, key in enumerate(keys_of(table, primary_key)):
+        if ops[i] == "c" and any(column[i] for column in held.values()):
+            created[key] = max(created.get(key, 0), int(versions[i]))
+    return created
+
+
 def with_values(table: pa.Table, fills: dict[int, dict[str, Any]]) -> pa.Table:
     """``table`` with row index -> {column: value} set (Python values, of the column's type)."""
     import pyarrow as pa
@@ -235,6 +248,72 @@ def record_links(
         cur.executemany(sql, rows)
 
 
+def links_of(
+    dsn: str,
+    sql: str,
+    pipeline: str,
+    sink: str,
+    primary_key: tuple[str, ...],
+    key_types: tuple[str, ...],
+    created: dict[Key, int],
+) -> list[Link]:
+    """Executor side: the links recorded for the keys of ``created`` (key -> its create's version) at that
+    version: their moves' deletes have landed (in an earlier batch, or in a task of this one that went first)."""
+    import psycopg
+
+    names = {"pipeline": pipeline, "sink": sink, "keys": [key_json(primary_key, key) for key in created]}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(sql, names).fetchall()
+    links = [
+        Link(key_from_json(new, primary_key, key_types), int(version), key_from_json(old, primary_key, key_types))
+        for new, version, old in found
+    ]
+    return [link for link in links if created.get(link.new) == link.version]
+
+
+def fill_from_links(
+    client: Any,
+    rows_sql: str,
+    table: pa.Table,
+    links: list[Link],
+    columns: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...],
+    binary: tuple[str, ...],
+) -> pa.Table:
+    """Executor side, before the insert: the rows of ``table`` (collapsed) whose key a move created take the
+    values its old key's delete row carries, where they still lack them, so that a create whose delete came
+    first never shows the placeholder. What is not there yet the driver passes on after the batch."""
+    if not links:
+        return table
+    names = (*columns, VERSION, DELETED, TS_COLUMN)
+    newest = _newest_rows(
+        stored_rows(client, rows_sql, {link.old for link in links}, binary), names, primary_key, toastable
+    )
+    carried = {link.new: values for link in links if (values := _carried(newest.get(link.old), link, toastable))}
+    held = unavailable(table, toastable)
+    deleted = [op == "d" for op in table.column("_cdc_op").to_pylist()]
+    fills: dict[int, dict[str, Any]] = {}
+    for i, key in enumerate(keys_of(table, primary_key)):
+        values = carried.get(key, {})
+        fill = {
+            name: values[name]
+            for name, placeholder in toastable
+            if name in values
+            and (held[name][i] or (deleted[i] and not known(table.column(name)[i].as_py(), placeholder)))
+        }
+        if fill:
+            fills[i] = fill
+    return with_values(table, fills) if fills else table
+
+
+def _carried(old: dict[str, Any] | None, link: Link, toastable: tuple[tuple[str, Placeholder], ...]) -> dict[str, Any]:
+    """The values the old key's newest row carries for ``link``: only a delete row at the move's version does."""
+    if old is None or not old[DELETED] or int(old[VERSION]) != link.version:
+        return {}
+    return {name: old[name] for name, placeholder in toastable if known(old[name], placeholder)}
+
+
 def is_placeholder(value: Any, placeholder: Placeholder) -> bool:
     """Whether a value read back from ClickHouse (an array as a list) is Debezium's placeholder."""
     if isinstance(placeholder, tuple):
@@ -274,12 +353,12 @@ def pass_on(
         if old is None or not old[DELETED] or int(old[VERSION]) != link.version:
             done.append(link)  # the old key came back since: its delete row, and so the values, are gone
             continue
-        have = [name for name, held in toastable if known(old[name], held)]
+        have = _carried(old, link, toastable)
         if not have or new is None or int(new[VERSION]) < link.version:
             continue  # the values, or the new key, are still to come
         for name, held in toastable:
             if name in have and (is_placeholder(new[name], held) or (new[DELETED] and not known(new[name], held))):
-                new[name] = old[name]  # in place: a later link from this key (it moved on) passes it further
+                new[name] = have[name]  # in place: a later link from this key (it moved on) passes it further
                 changed[link.new] = new
         done.append(link)
     if changed:
