@@ -400,29 +400,15 @@ class ClickHouseTableSink(RecordedSink):
         self.primary_key = tuple(self.state["primary_key"])
         types = {c["name"]: c["type"] for c in self.state["columns"]}
         self.key_types = tuple(types[k] for k in self.primary_key)
-        self._delete_sql = render(
-            "clickhouse/runtime/delete_keys.sql.j2",
-            target=(sink.database, sink.table),
-            primary_key=self.primary_key,
-            key_types=self.key_types,
-        )
-        self._lone_sql = render(
-            "clickhouse/runtime/lone_tombstones.sql.j2",
-            target=(sink.database, sink.table),
-            primary_key=self.primary_key,
-            key_types=self.key_types,
-        )
+        keyed = {"target": (sink.database, sink.table), "primary_key": self.primary_key, "key_types": self.key_types}
+        """What every runtime template over the table's keys takes."""
+        self._delete_sql = render("clickhouse/runtime/delete_keys.sql.j2", **keyed)
+        self._lone_sql = render("clickhouse/runtime/lone_tombstones.sql.j2", **keyed)
         self._markers_sql = ""
         if sink.partition_by and clickhouse_types.partition_columns(sink.partition_by, self.columns) - set(
             self.primary_key
         ):
-            self._markers_sql = render(
-                "clickhouse/runtime/partition_markers.sql.j2",
-                target=(sink.database, sink.table),
-                columns=self.columns,
-                primary_key=self.primary_key,
-                key_types=self.key_types,
-            )
+            self._markers_sql = render("clickhouse/runtime/partition_markers.sql.j2", columns=self.columns, **keyed)
         columns = pipeline.columns_of(sink.from_)
         self._bytes_columns = tuple(
             name for name in self.columns if "bytea" in (columns[name].name, getattr(columns[name].element, "name", ""))
@@ -434,28 +420,16 @@ class ClickHouseTableSink(RecordedSink):
         self._stored_values_sql = ""
         if self.toastable:
             self._stored_values_sql = render(
-                "clickhouse/runtime/stored_values.sql.j2",
-                target=(sink.database, sink.table),
-                columns=tuple(self.toastable),
-                primary_key=self.primary_key,
-                key_types=self.key_types,
+                "clickhouse/runtime/stored_values.sql.j2", columns=tuple(self.toastable), **keyed
             )
         self._moved_sql = ""
         self._links_sql = ("", "")
         if self.toastable and sink.append_only_mode:
-            self._moved_sql = render(
-                "clickhouse/runtime/moved_rows.sql.j2",
-                target=(sink.database, sink.table),
-                columns=self.columns,
-                primary_key=self.primary_key,
-                key_types=self.key_types,
-            )
-            self._links_sql = (
-                render("postgres/runtime/key_move_links.sql.j2", statement="record"),
-                render("postgres/runtime/key_move_links.sql.j2", statement="created"),
-            )
-            self._pending_sql = render("postgres/runtime/key_move_links.sql.j2", statement="pending")
-            self._drop_sql = render("postgres/runtime/key_move_links.sql.j2", statement="drop")
+            self._moved_sql = render("clickhouse/runtime/moved_rows.sql.j2", columns=self.columns, **keyed)
+            links = "postgres/runtime/key_move_links.sql.j2"
+            self._links_sql = (render(links, statement="record"), render(links, statement="created"))
+            self._pending_sql = render(links, statement="pending")
+            self._drop_sql = render(links, statement="drop")
         self._rows_staged = 0
 
     @property

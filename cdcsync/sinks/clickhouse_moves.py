@@ -11,9 +11,10 @@ with the old key's values, from the changes before it in the task, else from the
 What ties that delete row to the new key is only the key-move row, which the table cannot keep: a create row at
 the same version is merged away as soon as the new key changes again, or never inserted (collapsed behind a later
 change of its key in the same task). So the task records a **link** per moved delete, (new key, version, old key),
-in Postgres' ``cdcsync.key_moves`` (:func:`record_links`), and after every batch the driver passes the values on
-(:func:`pass_on`), in bulk, with no task running beside it: one read of every stored row of the pending links' keys
-(``moved_rows.sql.j2``, not ``FINAL``, which hides delete rows), then, in version order,
+in Postgres' ``cdcsync.key_moves`` (:func:`record_links`). A task's create whose delete came first finds its
+link and takes the values before its insert (:func:`fill_from_links`). After every batch the driver passes the
+values on (:func:`pass_on`), in bulk, with no task running beside it: one read of every stored row of the pending
+links' keys (``moved_rows.sql.j2``, not ``FINAL``, which hides delete rows), then, in version order,
 
 * a new key whose newest row (at or after the move) still holds the placeholder takes the old key's values;
 * a new key that has moved on itself (its newest row is its own delete, without the values: they came after it
