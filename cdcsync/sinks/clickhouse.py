@@ -11,8 +11,10 @@ How a micro-batch lands (orchestrated by :mod:`cdcsync.engine.batch`, beside the
    topic, partition and offset range the task read. Spark replays a batch with the offsets recorded in its
    checkpoint, so a replayed or retried task sends the same rows under the same token, and the table (created
    with ``non_replicated_deduplication_window``) drops them: a replay adds no rows.
-3. :meth:`ClickHouseTableSink.merge`: the driver records the batch in the ledger. A crash between 2 and 3 replays
-   the batch; step 2's tokens make that harmless.
+3. :meth:`ClickHouseTableSink.merge`: the driver passes the large values of primary-key changes on to their new
+   keys, along chains of them (:mod:`cdcsync.sinks.clickhouse_moves`; only for tables with placeholder columns,
+   and only when a key changed), then records the batch in the ledger. A crash between 2 and 3 replays the batch;
+   step 2's tokens make that harmless, and step 3 finds its own corrections done.
 
 Like the Postgres sinks, a ClickHouse sink stops at a source that went back (:mod:`cdcsync.sinks.positions`): the
 driver reads the sink's mark in step 1, each task checks its snapshot reads against it before it inserts, and step
@@ -46,6 +48,7 @@ from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
+from cdcsync.db.executor_errors import task_failure
 from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.migrations.target import column_problems
 from cdcsync.sinks import clickhouse_moves, key_moves, positions, tombstones
@@ -88,12 +91,17 @@ class ClickHouseWriter:
     """Reads the stored current row of keys whose newest change still holds a placeholder (see
     :meth:`_fill_unchanged_values`)."""
     binary_columns: tuple[str, ...] = ()
-    """Placeholder columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
+    """Columns whose values are bytes (``bytea``, ``bytea[]``): read back from ClickHouse as bytes."""
     lone_sql: str = ""
     """The stored versions of lone tombstones' keys (``lone_tombstones.sql.j2``)."""
-    moved_sql: tuple[str, str, str] = ("", "", "")
-    """``moved_values``, ``moved_rows`` and ``moved_correct.sql.j2``: key changes across tasks and batches
-    (:mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in ``append_only_mode: false``."""
+    links: tuple[str, str, str] = ("", "", "")
+    """Postgres DSN, pipeline and sink under which moved deletes' links are kept (key changes across tasks and
+    batches, :mod:`cdcsync.sinks.clickhouse_moves`); empty without placeholder columns or in
+    ``append_only_mode: false``."""
+    links_sql: tuple[str, str] = ("", "")
+    """The ``record`` and ``created`` statements of ``key_move_links.sql.j2``."""
+    moved_rows_sql: str = ""
+    """Every stored row of given keys (``moved_rows.sql.j2``): the old keys' delete rows that carry values."""
     positions: positions.TaskPositions | None = None
     """The sink's mark, which the task's snapshot reads must not lie below; None for a source without one."""
 
@@ -116,6 +124,7 @@ class ClickHouseWriter:
             self.positions.check(table)  # before anything is written: a source that went back stops the batch
         moves = self._key_moves(table)
         across = self._across_tasks(table, key_move_rows)
+        links = self._links_of_creates(table, moves)
         table = newest_per_key(table, self.primary_key, self.toastable)
         table = fit_temporal_columns(table, self.columns, self.sink_label)
         doing = (
@@ -135,7 +144,17 @@ class ClickHouseWriter:
                 if table.num_rows == 0:
                     return 0
             table = self._fill_unchanged_values(client, table, moves)
-            table, carried, left = self._resolve_across_tasks(client, table, across)
+            table = clickhouse_moves.fill_from_links(
+                client,
+                self.moved_rows_sql,
+                table,
+                links,
+                self.columns,
+                self.primary_key,
+                self.toastable,
+                self.binary_columns,
+            )
+            table = self._carry_into_deletes(client, table, across)
             rows = to_clickhouse_arrow(table, self.columns)
             # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
             may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
@@ -143,89 +162,59 @@ class ClickHouseWriter:
                 return self._upsert_and_delete(client, rows, may_move, token)
             client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
             self._mark_other_partitions(client, rows.filter(may_move))
-            self._after_insert(client, table, across, carried, left, token)
         except Exception as error:
             raise _task_error(doing, error) from None
         finally:
             client.close()
+        if across is not None and across.moved:
+            dsn, pipeline, sink = self.links
+            try:  # after the insert, so that a link always leads to a delete row that is there
+                clickhouse_moves.record_links(dsn, self.links_sql[0], pipeline, sink, self.primary_key, across.moved)
+            except Exception as error:
+                raise task_failure(f"{doing}: recording its key changes in cdcsync.key_moves", error) from None
         return rows.num_rows
 
+    def _links_of_creates(self, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove]) -> list[clickhouse_moves.Link]:
+        """The links of the keys this task creates holding placeholders whose delete is not in the task: those
+        recorded already (the delete came first) let the create land with the values."""
+        if not self.toastable or not self.moved_rows_sql:
+            return []
+        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
+        created = {key: version for key, version in created.items() if key not in moves}
+        if not created:
+            return []
+        dsn, pipeline, sink = self.links
+        try:
+            return clickhouse_moves.links_of(
+                dsn, self.links_sql[1], pipeline, sink, self.primary_key, self.key_types, created
+            )
+        except Exception as error:
+            raise task_failure(f"{self.sink_label}: reading key changes from cdcsync.key_moves", error) from None
+
     def _across_tasks(self, table: pa.Table, key_move_rows: pa.Table) -> _AcrossTasks | None:
-        """What this task's part in key changes across tasks and batches needs from its uncollapsed changes."""
-        if not self.toastable or not self.moved_sql[0]:
+        """This task's moved deletes (the other half may be in another task or batch), from its uncollapsed
+        changes, with the old keys' values that changes before them in the task set."""
+        if not self.toastable or not self.moved_rows_sql:
             return None
         moved = clickhouse_moves.moved_deletes(key_move_rows, table, self.primary_key)
+        if not moved:
+            return None
         earlier = clickhouse_moves.values_before(
             table, {m.old: m.version for m in moved}, self.primary_key, self.toastable
         )
-        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
-        if not moved and not created:
-            return None
-        return _AcrossTasks(moved, earlier, created, table.schema)
+        return _AcrossTasks(moved, earlier, table.schema)
 
-    def _resolve_across_tasks(
-        self, client: Any, table: pa.Table, across: _AcrossTasks | None
-    ) -> tuple[pa.Table, dict[tuple[Any, ...], dict[str, Any]], list[int]]:
-        """Moved deletes carry the old key's values; creates of new keys take them from delete rows already in
-        the table (:mod:`cdcsync.sinks.clickhouse_moves`). Returns the table, the carried values by old key and
-        the rows whose placeholders are still unresolved."""
+    def _carry_into_deletes(self, client: Any, table: pa.Table, across: _AcrossTasks | None) -> pa.Table:
+        """Moved deletes carry the old key's values (:mod:`cdcsync.sinks.clickhouse_moves`): those set in the
+        task, else the stored row's, read in one query for the old keys that lack some."""
         if across is None:
-            return table, {}, []
-        binary = self.binary_columns
+            return table
         stored: dict[tuple[Any, ...], dict[str, Any]] = {}
         lacking = [m.old for m in across.moved if len(across.earlier.get(m.old, {})) < len(self.toastable)]
         if lacking:
-            rows = clickhouse_moves.stored_rows(client, self.stored_values_sql, lacking, binary)
+            rows = clickhouse_moves.stored_rows(client, self.stored_values_sql, lacking, self.binary_columns)
             stored = clickhouse_moves.live_values(rows, len(self.primary_key), across.schema, self.toastable)
-        table, carried = clickhouse_moves.carry_into_deletes(
-            table, across.moved, across.earlier, stored, self.primary_key
-        )
-        table, left = clickhouse_moves.fill_from_deletes(
-            client, self.moved_sql[0], table, across.created, self.primary_key, self.toastable, binary
-        )
-        return table, carried, left
-
-    def _after_insert(
-        self,
-        client: Any,
-        table: pa.Table,
-        across: _AcrossTasks | None,
-        carried: dict[tuple[Any, ...], dict[str, Any]],
-        left: list[int],
-        token: str,
-    ) -> None:
-        """Once this task's rows are in: creates that found no delete row look again (another task of the batch
-        may have inserted it meanwhile), and new keys that landed before this task's deletes are corrected."""
-        if across is None:
-            return
-        settings = _token_settings(f"{token}/moves")
-        if left:
-            unresolved = table.take(left)
-            filled, still = clickhouse_moves.fill_from_deletes(
-                client,
-                self.moved_sql[0],
-                unresolved,
-                across.created,
-                self.primary_key,
-                self.toastable,
-                self.binary_columns,
-            )
-            done = sorted(set(range(unresolved.num_rows)) - set(still))
-            if done:
-                rows = to_clickhouse_arrow(filled.take(done), self.columns)
-                client.insert_arrow(self.table, rows, database=self.database, settings=settings)
-        clickhouse_moves.correct_landed(
-            client,
-            self.moved_sql[1],
-            self.moved_sql[2],
-            across.moved,
-            carried,
-            across.schema,
-            self.primary_key,
-            self.toastable,
-            self.binary_columns,
-            settings,
-        )
+        return clickhouse_moves.carry_into_deletes(table, across.moved, across.earlier, stored, self.primary_key)
 
     def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
         """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
@@ -350,13 +339,11 @@ class ClickHouseWriter:
 
 @dataclass(frozen=True)
 class _AcrossTasks:
-    """A task's key changes whose other half may be in another task or batch (:mod:`~.clickhouse_moves`)."""
+    """A task's moved deletes, whose new key may be in another task or batch (:mod:`~.clickhouse_moves`)."""
 
     moved: list[clickhouse_moves.MovedDelete]
     earlier: dict[tuple[Any, ...], dict[str, Any]]
     """The moved deletes' old keys' values set by earlier changes in the task."""
-    created: dict[tuple[Any, ...], int]
-    """New keys created holding a placeholder, with the create's version."""
     schema: pa.Schema
 
 
@@ -423,56 +410,36 @@ class ClickHouseTableSink(RecordedSink):
         self.primary_key = tuple(self.state["primary_key"])
         types = {c["name"]: c["type"] for c in self.state["columns"]}
         self.key_types = tuple(types[k] for k in self.primary_key)
-        self._delete_sql = render(
-            "clickhouse/runtime/delete_keys.sql.j2",
-            target=(sink.database, sink.table),
-            primary_key=self.primary_key,
-            key_types=self.key_types,
-        )
-        self._lone_sql = render(
-            "clickhouse/runtime/lone_tombstones.sql.j2",
-            target=(sink.database, sink.table),
-            primary_key=self.primary_key,
-            key_types=self.key_types,
-        )
+        keyed = {"target": (sink.database, sink.table), "primary_key": self.primary_key, "key_types": self.key_types}
+        """What every runtime template over the table's keys takes."""
+        self._delete_sql = render("clickhouse/runtime/delete_keys.sql.j2", **keyed)
+        self._lone_sql = render("clickhouse/runtime/lone_tombstones.sql.j2", **keyed)
         self._markers_sql = ""
         if sink.partition_by and clickhouse_types.partition_columns(sink.partition_by, self.columns) - set(
             self.primary_key
         ):
-            self._markers_sql = render(
-                "clickhouse/runtime/partition_markers.sql.j2",
-                target=(sink.database, sink.table),
-                columns=self.columns,
-                primary_key=self.primary_key,
-                key_types=self.key_types,
-            )
+            self._markers_sql = render("clickhouse/runtime/partition_markers.sql.j2", columns=self.columns, **keyed)
         columns = pipeline.columns_of(sink.from_)
+        self._bytes_columns = tuple(
+            name for name in self.columns if "bytea" in (columns[name].name, getattr(columns[name].element, "name", ""))
+        )
+        """``bytea`` and ``bytea[]`` columns: read back from ClickHouse as bytes."""
         self.toastable = toast.toastable({name: columns[name] for name in self.columns if name not in self.primary_key})
+        self._placeholders = tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items())
+        """(column, the value Debezium's placeholder decodes to in it)."""
         self._stored_values_sql = ""
         if self.toastable:
             self._stored_values_sql = render(
-                "clickhouse/runtime/stored_values.sql.j2",
-                target=(sink.database, sink.table),
-                columns=tuple(self.toastable),
-                primary_key=self.primary_key,
-                key_types=self.key_types,
+                "clickhouse/runtime/stored_values.sql.j2", columns=tuple(self.toastable), **keyed
             )
-        self._moved_sql = ("", "", "")
+        self._moved_sql = ""
+        self._links_sql = ("", "")
         if self.toastable and sink.append_only_mode:
-            values = {
-                "target": (sink.database, sink.table),
-                "columns": tuple(self.toastable),
-                "primary_key": self.primary_key,
-                "key_types": self.key_types,
-            }
-            self._moved_sql = (
-                render("clickhouse/runtime/moved_values.sql.j2", **values),
-                render("clickhouse/runtime/moved_rows.sql.j2", **values),
-                render(
-                    "clickhouse/runtime/moved_correct.sql.j2",
-                    **{**values, "columns": self.columns, "toastable": tuple(self.toastable)},
-                ),
-            )
+            self._moved_sql = render("clickhouse/runtime/moved_rows.sql.j2", columns=self.columns, **keyed)
+            links = "postgres/runtime/key_move_links.sql.j2"
+            self._links_sql = (render(links, statement="record"), render(links, statement="created"))
+            self._pending_sql = render(links, statement="pending")
+            self._drop_sql = render(links, statement="drop")
         self._rows_staged = 0
         self.spark_context: Any = None
         """Set by the run (:func:`track_positions`): where the tasks' positions accumulate. Without it (no Spark)
@@ -500,8 +467,10 @@ class ClickHouseTableSink(RecordedSink):
         return True
 
     def merge(self, ledger_key: dict[str, Any], rows_staged: int = 0) -> int | None:
-        """Record the batch (its inserts are done) in the ledger and raise the sink's mark to the positions the
-        tasks inserted, in one transaction; None if another attempt recorded it first."""
+        """Pass moved values on (:meth:`follow_key_moves`), then record the batch (its inserts are done) in the
+        ledger and raise the sink's mark to the positions the tasks inserted, in one transaction; None if another
+        attempt recorded it first."""
+        self.follow_key_moves(ledger_key["checkpoint_id"], ledger_key["batch_id"])
         newest, snapshot = self._positions.value if self._positions is not None else (None, None)
         self._positions = None
 
@@ -525,11 +494,13 @@ class ClickHouseTableSink(RecordedSink):
             markers_sql=self._markers_sql,
             batch_id=batch_id,
             sink_label=self.label,
-            toastable=tuple((name, PLACEHOLDER_BY_KIND[kind]) for name, kind in self.toastable.items()),
+            toastable=self._placeholders,
             stored_values_sql=self._stored_values_sql,
-            binary_columns=tuple(name for name, kind in self.toastable.items() if kind in ("bytea", "bytea[]")),
+            binary_columns=self._bytes_columns,
             lone_sql=self._lone_sql,
-            moved_sql=self._moved_sql,
+            links=(self.dsn, self.pipeline.name, self.sink_id),
+            links_sql=self._links_sql,
+            moved_rows_sql=self._moved_sql,
             positions=self._task_positions(),
         )
 
@@ -545,6 +516,63 @@ class ClickHouseTableSink(RecordedSink):
         self._positions = accumulator
         mark, seen = self._mark
         return positions.TaskPositions(self.sink_id, source, mark, seen, accumulator)
+
+    def follow_key_moves(self, checkpoint_id: str, batch_id: int) -> None:
+        """After a batch's tasks (none runs beside this): pass the values of primary-key changes on to their new
+        keys along every pending link of the sink, also along chains, and drop the links whose values went on
+        (:mod:`cdcsync.sinks.clickhouse_moves`). A replayed batch finds the same state, or less to do."""
+        import psycopg
+
+        if not self._moved_sql:
+            return
+        names = {"pipeline": self.pipeline.name, "sink": self.sink_id}
+        doing = f"passing key changes' values on after batch {batch_id}"
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                links = [
+                    clickhouse_moves.Link(
+                        clickhouse_moves.key_from_json(new, self.primary_key, self.key_types),
+                        int(version),
+                        clickhouse_moves.key_from_json(old, self.primary_key, self.key_types),
+                    )
+                    for new, version, old in conn.execute(self._pending_sql, names).fetchall()
+                ]
+        except psycopg.Error as error:
+            raise self._error(doing, error) from None
+        if not links:
+            return
+        client = connect(self.clickhouse_url, compression=self.sink.compression, form_encode_query_params=True)
+        try:
+            done = clickhouse_moves.pass_on(
+                client,
+                links,
+                self._moved_sql,
+                (self.sink.database, self.sink.table),
+                self.columns,
+                self.primary_key,
+                self._placeholders,
+                self._bytes_columns,
+                f"cdcsync/{self.pipeline.name}/{self.sink_id}/{checkpoint_id}/{batch_id}/moves",
+            )
+        except Exception as error:
+            raise wrap_clickhouse_error(error, f"{self.label}: {doing} in {self.target_name}") from None
+        finally:
+            client.close()
+        if not done:
+            return
+        dropped = [
+            {
+                **names,
+                "key": clickhouse_moves.key_json(self.primary_key, link.new),
+                "version": link.version,
+            }
+            for link in done
+        ]
+        try:
+            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
+                cur.executemany(self._drop_sql, dropped)
+        except psycopg.Error as error:
+            raise self._error(doing, error) from None
 
     # -- startup check ----------------------------------------------------------------------------------------
     def check_table(self, client: Any) -> None:

@@ -1,20 +1,29 @@
 """Primary-key changes into ClickHouse when the delete of the old key and the create of the new key are in
-different tasks or micro-batches (:mod:`cdcsync.sinks.key_moves` says why this is needed and what the key-move
-rows are).
+different tasks or micro-batches, and chains of them (:mod:`cdcsync.sinks.key_moves` says why this is needed and
+what the key-move rows are).
 
 A ReplacingMergeTree cannot keep a column's old value, and the old key's row is gone (merged away behind its delete
 row) by the time a later batch brings the create. So the delete row carries the values: the task that inserts the
 delete of an old key that moved (its key-move row names the new key) fills the delete row's placeholder columns
 with the old key's values, from the changes before it in the task, else from the old key's stored row
-(:func:`carry_into_deletes`). Then, with no key in common, the two halves meet through the version they share:
+(:func:`carry_into_deletes`). The delete row is the old key's newest row, so no merge removes it.
 
-* a create (or a later change of its key in the task) still holding placeholders looks up the delete rows at its
-  create's version (:func:`fill_from_deletes`, one query per task); the delete may be in an earlier batch or in
-  another task of this batch that has already inserted it;
-* after inserting its delete rows, a task corrects the rows of the new keys that landed before them holding the
-  placeholder (:func:`correct_landed`, server side, at the rows' own versions: the row inserted last wins);
-* and a task whose creates found nothing looks again once they are inserted: of two tasks of one batch, each
-  inserts and then reads, so at least one sees the other's rows.
+What ties that delete row to the new key is only the key-move row, which the table cannot keep: a create row at
+the same version is merged away as soon as the new key changes again, or never inserted (collapsed behind a later
+change of its key in the same task). So the task records a **link** per moved delete, (new key, version, old key),
+in Postgres' ``cdcsync.key_moves`` (:func:`record_links`). A task's create whose delete came first finds its
+link and takes the values before its insert (:func:`fill_from_links`). After every batch the driver passes the
+values on (:func:`pass_on`), in bulk, with no task running beside it: one read of every stored row of the pending
+links' keys (``moved_rows.sql.j2``, not ``FINAL``, which hides delete rows), then, in version order,
+
+* a new key whose newest row (at or after the move) still holds the placeholder takes the old key's values;
+* a new key that has moved on itself (its newest row is its own delete, without the values: they came after it
+  moved) takes them on that delete row, which is the old key of the next link, so the values go on along a chain
+  7 -> 21 -> 31 -> ... to its end, whatever the batches and their order;
+
+and one insert of those rows again, each at its own version (ReplacingMergeTree keeps the row inserted last among
+rows of one version). A link goes once its new key's row has taken the values; one whose old key's values never
+come (it held placeholders itself) or whose new key never comes stays, as in a Postgres sink.
 
 ``OPTIMIZE ... FINAL CLEANUP`` removes delete rows, and ``append_only_mode: false`` writes none: a create that comes
 after that keeps the placeholder (docs/clickhouse.md).
@@ -22,9 +31,17 @@ after that keeps the placeholder (docs/clickhouse.md).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+from cdcsync.config.clickhouse_types import DELETED_COLUMN as DELETED
+from cdcsync.config.clickhouse_types import TS_COLUMN
+from cdcsync.config.clickhouse_types import VERSION_COLUMN as VERSION
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -167,95 +184,214 @@ def carry_into_deletes(
     earlier: dict[Key, dict[str, Any]],
     stored: dict[Key, dict[str, Any]],
     primary_key: tuple[str, ...],
-) -> tuple[pa.Table, dict[Key, dict[str, Any]]]:
+) -> pa.Table:
     """Put the old key's values (``earlier`` in the task, else ``stored``) into each moved delete's row of
-    ``table`` (collapsed per key); also returns them by old key."""
+    ``table`` (collapsed per key)."""
     at = {(m.old, m.version) for m in moved}
     ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
     fills: dict[int, dict[str, Any]] = {}
-    carried: dict[Key, dict[str, Any]] = {}
     for i, key in enumerate(keys_of(table, primary_key)):
         if ops[i] == "d" and versions[i] is not None and (key, int(versions[i])) in at:
-            carried[key] = {**stored.get(key, {}), **earlier.get(key, {})}
-            if carried[key]:
-                fills[i] = carried[key]
-    return (with_values(table, fills) if fills else table), carried
+            carried = {**stored.get(key, {}), **earlier.get(key, {})}
+            if carried:
+                fills[i] = carried
+    return with_values(table, fills) if fills else table
 
 
-def fill_from_deletes(
-    client: Any,
+@dataclass(frozen=True)
+class Link:
+    """A primary-key change as the driver follows it: the new key, the move's version, the old key."""
+
+    new: Key
+    version: int
+    old: Key
+
+
+def key_json(primary_key: tuple[str, ...], key: Key) -> str:
+    """A key as the JSON object ``cdcsync.key_moves`` holds (:func:`key_from_json` reads it back)."""
+    return json.dumps(dict(zip(primary_key, key, strict=True)), sort_keys=True, default=str)
+
+
+def key_from_json(value: dict[str, Any], primary_key: tuple[str, ...], key_types: tuple[str, ...]) -> Key:
+    """The key of a :func:`key_json` object, each value as clickhouse-connect binds its ClickHouse type."""
+
+    def typed(raw: Any, ch_type: str) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        if ch_type.startswith("Decimal"):
+            return Decimal(raw)
+        if ch_type.startswith("DateTime"):
+            return datetime.fromisoformat(raw)
+        if ch_type.startswith("Date"):
+            return date.fromisoformat(raw)
+        return raw
+
+    return tuple(typed(value[name], ch_type) for name, ch_type in zip(primary_key, key_types, strict=True))
+
+
+def record_links(
+    dsn: str, sql: str, pipeline: str, sink: str, primary_key: tuple[str, ...], moved: list[MovedDelete]
+) -> None:
+    """Executor side: keep a link per moved delete (after the task's insert); recording one again changes nothing."""
+    import psycopg
+
+    rows = [
+        {
+            "pipeline": pipeline,
+            "sink": sink,
+            "key": key_json(primary_key, m.new),
+            "version": m.version,
+            "old_key": key_json(primary_key, m.old),
+        }
+        for m in moved
+    ]
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        cur.executemany(sql, rows)
+
+
+def links_of(
+    dsn: str,
     sql: str,
-    table: pa.Table,
-    created: dict[Key, int],
+    pipeline: str,
+    sink: str,
     primary_key: tuple[str, ...],
-    toastable: tuple[tuple[str, Placeholder], ...],
-    binary: tuple[str, ...],
-) -> tuple[pa.Table, list[int]]:
-    """Fill the placeholders of the rows of ``table`` whose key was created by a key change (``created``: key ->
-    the create's version) from the delete rows at those versions; also returns the rows still holding one."""
-    held = unavailable(table, toastable)
-    keys = keys_of(table, primary_key)
-    ops = table.column("_cdc_op").to_pylist()
-    wanted = [i for i, key in enumerate(keys) if key in created and ops[i] != "d" and any(c[i] for c in held.values())]
-    if not wanted:
-        return table, []
-    names = [name for name, _ in toastable]
-    rows = client.query(
-        sql,
-        parameters={"versions": sorted({created[keys[i]] for i in wanted})},
-        query_formats={"UUID": "string"},
-        column_formats={name: "bytes" for name in binary},
-    ).result_rows
-    carried: dict[int, dict[str, Any]] = {}
-    for row in rows:
-        found = carried.setdefault(int(row[0]), {})
-        found.update({name: value for name, value in zip(names, row[1:], strict=True) if value is not None})
-    fills: dict[int, dict[str, Any]] = {}
-    left = []
-    for i in wanted:
-        values = carried.get(created[keys[i]], {})
-        fill = {name: values[name] for name in names if held[name][i] and name in values}
-        if fill:
-            fills[i] = fill
-        if any(held[name][i] and name not in fill for name in names):
-            left.append(i)
-    return (with_values(table, fills) if fills else table), left
+    key_types: tuple[str, ...],
+    created: dict[Key, int],
+) -> list[Link]:
+    """Executor side: the links recorded for the keys of ``created`` (key -> its create's version) at that
+    version: their moves' deletes have landed (in an earlier batch, or in a task of this one that went first)."""
+    import psycopg
+
+    names = {"pipeline": pipeline, "sink": sink, "keys": [key_json(primary_key, key) for key in created]}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(sql, names).fetchall()
+    links = [
+        Link(key_from_json(new, primary_key, key_types), int(version), key_from_json(old, primary_key, key_types))
+        for new, version, old in found
+    ]
+    return [link for link in links if created.get(link.new) == link.version]
 
 
-def correct_landed(
+def fill_from_links(
     client: Any,
     rows_sql: str,
-    correct_sql: str,
-    moved: list[MovedDelete],
-    carried: dict[Key, dict[str, Any]],
-    schema: pa.Schema,
+    table: pa.Table,
+    links: list[Link],
+    columns: tuple[str, ...],
     primary_key: tuple[str, ...],
     toastable: tuple[tuple[str, Placeholder], ...],
     binary: tuple[str, ...],
-    settings: dict[str, Any],
-) -> None:
-    """Rewrite the newest rows of the moved deletes' new keys that hold placeholders the old key's values
-    (``carried``) fill: they landed before the delete came."""
-    import pyarrow as pa
+) -> pa.Table:
+    """Executor side, before the insert: the rows of ``table`` (collapsed) whose key a move created take the
+    values its old key's delete row carries, where they still lack them, so that a create whose delete came
+    first never shows the placeholder. What is not there yet the driver passes on after the batch."""
+    if not links:
+        return table
+    names = (*columns, VERSION, DELETED, TS_COLUMN)
+    newest = _newest_rows(
+        stored_rows(client, rows_sql, {link.old for link in links}, binary), names, primary_key, toastable
+    )
+    carried = {link.new: values for link in links if (values := _carried(newest.get(link.old), link, toastable))}
+    held = unavailable(table, toastable)
+    deleted = [op == "d" for op in table.column("_cdc_op").to_pylist()]
+    fills: dict[int, dict[str, Any]] = {}
+    for i, key in enumerate(keys_of(table, primary_key)):
+        values = carried.get(key, {})
+        fill = {
+            name: values[name]
+            for name, placeholder in toastable
+            if name in values
+            and (held[name][i] or (deleted[i] and not known(table.column(name)[i].as_py(), placeholder)))
+        }
+        if fill:
+            fills[i] = fill
+    return with_values(table, fills) if fills else table
 
-    from cdcsync.sinks.postgres import placeholder_mask
 
-    wanted = [m for m in moved if carried.get(m.old)]
-    if not wanted:
-        return
-    width = len(primary_key)
-    newest = {tuple(row[:width]): row for row in stored_rows(client, rows_sql, (m.new for m in wanted), binary)}
-    corrections = []
-    for move in wanted:
-        row = newest.get(move.new)
-        if row is None or row[width + 1] or int(row[width]) < move.version:
+def _carried(old: dict[str, Any] | None, link: Link, toastable: tuple[tuple[str, Placeholder], ...]) -> dict[str, Any]:
+    """The values the old key's newest row carries for ``link``: only a delete row at the move's version does."""
+    if old is None or not old[DELETED] or int(old[VERSION]) != link.version:
+        return {}
+    return {name: old[name] for name, placeholder in toastable if known(old[name], placeholder)}
+
+
+def is_placeholder(value: Any, placeholder: Placeholder) -> bool:
+    """Whether a value read back from ClickHouse (an array as a list) is Debezium's placeholder."""
+    if isinstance(placeholder, tuple):
+        return value is not None and tuple(value) == placeholder
+    return bool(value == placeholder)
+
+
+def known(value: Any, placeholder: Placeholder) -> bool:
+    """Whether a delete row's column carries a value: a value stored out of line is never empty, while a delete
+    row that carries none holds NULL, an empty array (ClickHouse's default) or the placeholder."""
+    return bool(value) and not is_placeholder(value, placeholder)
+
+
+def pass_on(
+    client: Any,
+    links: list[Link],
+    rows_sql: str,
+    target: tuple[str, str],
+    columns: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...],
+    binary: tuple[str, ...],
+    token: str,
+) -> list[Link]:
+    """Driver side: pass the old keys' values on to the new keys along ``links`` (all of a sink's pending ones),
+    in version order, so along a chain in one pass: one read of every row of the links' keys (``rows_sql``: the
+    business ``columns``, then ``_version``, ``_is_deleted``, ``_cdc_ts``), one insert of the rows that took
+    values, each at its own version (the row inserted last wins among rows of one version). ``binary``: columns
+    read as bytes. Returns the links whose values have gone on."""
+    names = (*columns, VERSION, DELETED, TS_COLUMN)
+    keys = {key for link in links for key in (link.new, link.old)}
+    newest = _newest_rows(stored_rows(client, rows_sql, keys, binary), names, primary_key, toastable)
+    changed: dict[Key, dict[str, Any]] = {}
+    done: list[Link] = []
+    for link in sorted(links, key=lambda link: link.version):
+        old, new = newest.get(link.old), newest.get(link.new)
+        if old is None or not old[DELETED] or int(old[VERSION]) != link.version:
+            done.append(link)  # the old key came back since: its delete row, and so the values, are gone
             continue
-        flags = []
-        for (name, placeholder), value in zip(toastable, row[width + 2 :], strict=True):
-            stored = pa.array([value], type=schema.field(name).type)
-            if name in carried[move.old] and placeholder_mask(stored, placeholder).to_pylist()[0]:
-                flags.append(name)
-        if flags:
-            corrections.append((move.new, move.old, move.version, flags))
-    if corrections:
-        client.raw_query(correct_sql, parameters={"moves": corrections}, settings=settings)
+        have = _carried(old, link, toastable)
+        if not have or new is None or int(new[VERSION]) < link.version:
+            continue  # the values, or the new key, are still to come
+        for name, held in toastable:
+            if name in have and (is_placeholder(new[name], held) or (new[DELETED] and not known(new[name], held))):
+                new[name] = have[name]  # in place: a later link from this key (it moved on) passes it further
+                changed[link.new] = new
+        done.append(link)
+    if changed:
+        data = [[row[name] for name in names] for row in changed.values()]
+        digest = hashlib.sha256(repr(data).encode()).hexdigest()[:16]
+        client.insert(
+            target[1],
+            data,
+            column_names=list(names),
+            database=target[0],
+            settings={"insert_deduplication_token": f"{token}/{digest}"},
+        )
+    return done
+
+
+def _newest_rows(
+    rows: list[tuple[Any, ...]],
+    names: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    toastable: tuple[tuple[str, Placeholder], ...],
+) -> dict[Key, dict[str, Any]]:
+    """Each key's newest row (by ``name``), as ``FINAL`` would show it but delete rows included. Rows of one
+    version differ only where a later one took values an earlier one lacked: what any of them knows is kept."""
+    newest: dict[Key, dict[str, Any]] = {}
+    for values in rows:
+        row = dict(zip(names, values, strict=True))
+        key = tuple(row[name] for name in primary_key)
+        held = newest.get(key)
+        if held is None or row[VERSION] > held[VERSION]:
+            newest[key] = row
+        elif row[VERSION] == held[VERSION]:
+            for name, placeholder in toastable:
+                if not known(held[name], placeholder) and known(row[name], placeholder):
+                    held[name] = row[name]
+    return newest

@@ -49,6 +49,23 @@ def _migrate(client: Any, pipeline: Pipeline, migrations_dir: Path) -> list[str]
     return [item.filename for item in migrations.apply_pending(CLICKHOUSE, client, pipeline.name, migrations_dir)]
 
 
+def _migrate_postgres(dsn: str, pipeline: Pipeline, migrations_dir: Path) -> None:
+    """cdcsync's Postgres objects: the ledger, and ``cdcsync.key_moves``, where key changes' links wait."""
+    import psycopg
+
+    migrations.init(POSTGRES, pipeline, migrations_dir)
+    with psycopg.connect(dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, pipeline.name, migrations_dir)
+
+
+def key_move_links(dsn: str) -> list[tuple[Any, ...]]:
+    """The key changes' links still waiting in ``cdcsync.key_moves`` (new key, version)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute('SELECT "key", "_cdc_version" FROM cdcsync.key_moves ORDER BY 2').fetchall()
+
+
 def _changes(rows: list[tuple[str, int, str, int, str | None]]) -> Any:
     """A decoded partition: (tenant, id, op, version, status) per change, all from topic t.orders partition 0."""
     import pyarrow as pa
@@ -89,6 +106,7 @@ def _things_sink(
     }
     pipeline = validate_pipeline_dict(raw)
     _migrate(clickhouse_database.client(), pipeline, migrations_dir)
+    _migrate_postgres(postgres_dsn, pipeline, migrations_dir)
     return ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
 
 
@@ -489,6 +507,7 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     }
     pipeline = validate_pipeline_dict(raw)
     _migrate(client, pipeline, tmp_path)
+    _migrate_postgres(postgres_dsn, pipeline, tmp_path)
     sink = ClickHouseTableSink(pipeline, "ch", pipeline.clickhouse_sinks()["ch"], postgres_dsn, clickhouse_database.url)
     kinds = {"body": "text", "blob": "bytea", "doc": "jsonb", "tags": "text[]", "uids": "uuid[]", "days": "date[]"}
     kinds["nums"] = "integer[]"
@@ -581,24 +600,40 @@ def test_unchanged_toasted_values_take_the_stored_value_before_the_insert(
     assert current[7] == full(1) and current[8] == full(21)
 
     # Key changes whose delete (with its key-move row 'n', naming the new key) and create are in different tasks
-    # or batches. Delete first: 7 -> 9, the create a batch later.
-    sink.stage_writer(4, "c").stage(batch([(7, "d", 50, None), (9, "n", 50, None)], 20))
+    # or batches: the delete row carries the values, the driver passes them on after the batch's tasks.
+    def land(batch_id: int, *tasks: pa.Table) -> None:
+        writer = sink.stage_writer(batch_id, "c")
+        for task in tasks:
+            writer.stage(task)
+        sink.follow_key_moves("c", batch_id)
+
+    # Delete first: 7 -> 9, the create a batch later.
+    land(4, batch([(7, "d", 50, None), (9, "n", 50, None)], 20))
     sink.stage_writer(5, "c").stage(batch([(9, "c", 50, unchanged())], 22))
-    assert current_rows()[9] == full(1)
+    assert current_rows()[9] == full(1)  # the create's task took them from the link: never the placeholder
+    sink.follow_key_moves("c", 5)
     # Create first (its partition ran ahead), and its key changed again: 8 -> 10 lands holding the placeholder,
     # and the delete of 8 a batch later corrects it, with the value 8 was given just before the move.
-    sink.stage_writer(6, "c").stage(batch([(10, "c", 60, unchanged()), (10, "u", 61, unchanged())], 23))
+    land(6, batch([(10, "c", 60, unchanged()), (10, "u", 61, unchanged())], 23))
     assert current_rows()[10]["body"] == placeholder["body"]
-    sink.stage_writer(7, "c").stage(batch([(8, "u", 55, full(22)), (8, "d", 60, None), (10, "n", 60, None)], 25))
+    land(7, batch([(8, "u", 55, full(22)), (8, "d", 60, None), (10, "n", 60, None)], 25))
     # One batch, two tasks (partitions), the delete's first: 9 -> 11.
-    writer = sink.stage_writer(8, "c")
-    writer.stage(batch([(9, "d", 70, None), (11, "n", 70, None)], 28))
-    writer.stage(batch([(11, "c", 70, unchanged())], 30))
+    land(8, batch([(9, "d", 70, None), (11, "n", 70, None)], 28), batch([(11, "c", 70, unchanged())], 30))
     current = current_rows()
     assert set(current) == {3, 4, 10, 11}
     assert current[10] == full(22) and current[11] == full(1)
-    writer.stage(batch([(11, "c", 70, unchanged())], 30))  # a retried task: nothing changes
+    land(8, batch([(11, "c", 70, unchanged())], 30))  # a replayed batch: nothing changes
     assert current_rows() == current
+    # A chain, 10 -> 12 -> 13, whose first delete comes last: 12's create and delete in one task (only the delete
+    # lands), 13 lands holding the placeholder; then 10's values go along the chain to 13, every type of them.
+    land(9, batch([(12, "c", 80, unchanged()), (12, "d", 90, None), (13, "n", 90, None)], 31))
+    land(10, batch([(13, "c", 90, unchanged())], 34))
+    assert current_rows()[13]["body"] == placeholder["body"]
+    land(11, batch([(10, "d", 80, None), (12, "n", 80, None)], 35))
+    current = current_rows()
+    assert set(current) == {3, 4, 11, 13}
+    assert current[13] == full(22)
+    assert key_move_links(postgres_dsn) == []
 
 
 def test_dates_and_timestamps_land_over_clickhouses_whole_range_with_the_infinities_at_its_ends(

@@ -103,15 +103,16 @@ def test_every_schedule_of_four_key_changes_ends_with_the_values(
     assert sweep(delete_mode, 4, postgres_dsn, tmp_path) == 87788
 
 
-def clickhouse_sweep(moves: int, sink: Any, client: Any) -> list[tuple[int, list[tuple[Unit, ...]]]]:
-    """Land every schedule of a chain of ``moves`` key changes into a ClickHouse sink (per batch, the deletes in
-    one task and the creates in another, as two partitions would); returns the schedules that lost the values."""
+def clickhouse_sweep(lengths: list[int], sink: Any, client: Any, every: int = 1) -> tuple[int, list[Any]]:
+    """Land every ``every``-th schedule of chains of each length of ``lengths`` side by side into a ClickHouse sink
+    (per batch, the deletes in one task and the creates in another, as two partitions would, then the driver's
+    step after the tasks); returns how many chains landed and those that lost the values."""
     import datetime as dt
 
     import pyarrow as pa
 
-    chains = list(schedules(moves))
-    stride = moves + 1
+    chains = [(moves, s) for moves in lengths for n, s in enumerate(schedules(moves)) if n % every == 0]
+    stride = max(lengths) + 1
 
     def table(rows: list[tuple[int, str, int, str | None]], offset: int) -> pa.Table:
         n = len(rows)
@@ -132,9 +133,9 @@ def clickhouse_sweep(moves: int, sink: Any, client: Any) -> list[tuple[int, list
     first = [(c * stride, "c", c * stride, f"chain {c}") for c in range(len(chains))]
     sink.stage_writer(0, "c").stage(table(first, offset))
     offset += len(first)
-    for batch in range(2 * moves):
+    for batch in range(2 * max(lengths)):
         tasks: list[list[tuple[int, str, int, str | None]]] = [[], []]  # by the key's parity: its partition
-        for c, schedule in enumerate(chains):
+        for c, (_, schedule) in enumerate(chains):
             for op, i in schedule[batch] if batch < len(schedule) else ():
                 if op == "c":
                     tasks[i % 2].append((c * stride + i, "c", c * stride + i, PLACEHOLDER))
@@ -146,22 +147,39 @@ def clickhouse_sweep(moves: int, sink: Any, client: Any) -> list[tuple[int, list
             if rows:
                 writer.stage(table(sorted(rows, key=lambda row: row[2]), offset))
                 offset += len(rows)
+        sink.follow_key_moves("c", batch + 1)
     found = dict(client.query("SELECT id, body FROM things FINAL WHERE NOT _is_deleted").result_rows)
-    return [(c, s) for c, s in enumerate(chains) if found.get(c * stride + moves) != f"chain {c}"]
+    wrong = [(c, s) for c, (moves, s) in enumerate(chains) if found.get(c * stride + moves) != f"chain {c}"]
+    assert set(found) == {c * stride + moves for c, (moves, _) in enumerate(chains)}
+    return len(chains), wrong
+
+
+def test_clickhouse_chains_of_two_and_three_key_changes_keep_the_values_in_every_schedule(
+    clickhouse_database: Any, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Every schedule of two and three key changes in a row (44 + 1460), side by side in one sink; the middle
+    keys' values often come only after they moved on (the first delete comes last, or a middle key's create and
+    delete are in one task before it), and go on along the chain to its end. No link is left waiting."""
+    from tests.integration.test_clickhouse_sink import _things_sink, key_move_links
+
+    sink = _things_sink(clickhouse_database, tmp_path, postgres_dsn, {"id": "bigint", "body": "text"})
+    landed, wrong = clickhouse_sweep([2, 3], sink, clickhouse_database.client())
+    assert not wrong, f"{len(wrong)} of {landed} schedules lost the values, e.g. {wrong[:3]}"
+    assert landed == 44 + 1460
+    assert key_move_links(postgres_dsn) == []
 
 
 @pytest.mark.soak
-@pytest.mark.xfail(strict=True, reason="ClickHouse sinks pass a moved key's values one move only (docs/clickhouse.md)")
-def test_clickhouse_chains_of_two_key_changes_keep_the_values_in_every_schedule(
+def test_clickhouse_every_schedule_of_four_key_changes_keeps_the_values(
     clickhouse_database: Any, tmp_path: Path, postgres_dsn: str
 ) -> None:
-    """The known limit, pinned (about 170 s): 20 of the 44 schedules of two key changes in a row lose the values,
-    e.g. the first delete, then the create and the delete of the middle key in one task. Passes once fixed."""
-    from tests.integration.test_clickhouse_sink import _things_sink
+    from tests.integration.test_clickhouse_sink import _things_sink, key_move_links
 
     sink = _things_sink(clickhouse_database, tmp_path, postgres_dsn, {"id": "bigint", "body": "text"})
-    wrong = clickhouse_sweep(2, sink, clickhouse_database.client())
-    assert not wrong, f"{len(wrong)} of 44 schedules lost the values, e.g. {wrong[:3]}"
+    landed, wrong = clickhouse_sweep([4], sink, clickhouse_database.client())
+    assert not wrong, f"{len(wrong)} of {landed} schedules lost the values, e.g. {wrong[:3]}"
+    assert landed == 87788
+    assert key_move_links(postgres_dsn) == []
 
 
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
