@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -190,19 +190,12 @@ def land_graph_batch(
     offsets: OffsetRanges | None = None,
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows through the source's transforms and dynamic tables; see the module doc."""
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
-    if not pending and not graph.fills:
-        return outcome
-    started = time.monotonic()
-    decoded = _decode(raw, decode, batch_id, pipeline_file)
-    try:
-        staged_at = _land_changes(
-            decoded.drop(_FAILURE), batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file
-        )
-    finally:
-        decoded.unpersist()
-    _log_landed("decoded", batch_id, started, staged_at, outcome)
-    return outcome
+
+    def decoded() -> tuple[DataFrame, DataFrame]:
+        cached = _decode(raw, decode, batch_id, pipeline_file)
+        return cached, cached.drop(_FAILURE)
+
+    return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets)
 
 
 def land_graph_rows(
@@ -217,22 +210,52 @@ def land_graph_rows(
     lazily read) through the source's transforms and dynamic tables, as :func:`land_graph_batch` lands a decoded
     Kafka batch. The rows are read once, into the cache, before anything lands: every view and sink then sees the
     same rows, however often it scans them, and a failed read stops the batch before any sink merged."""
-    from pyspark import StorageLevel
 
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, None)
-    if not pending and not graph.fills:
-        return outcome  # a chunk every sink holds is not read
-    started = time.monotonic()
-    cached = rows.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-    try:
+    def read() -> tuple[DataFrame, DataFrame]:
+        from pyspark import StorageLevel
+
+        cached = rows.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
             cached.count()
         except Exception as error:  # Spark wraps executor failures; see job_error
+            cached.unpersist()
             raise job_error(error, f"reading batch {batch_id}", pipeline_file) from None
-        staged_at = _land_changes(cached, batch_id, checkpoint_id, graph, keys, pending, outcome, None, pipeline_file)
+        return cached, cached
+
+    return _land_through_graph(read, "read", batch_id, checkpoint_id, graph, sinks, pipeline_file, None)
+
+
+def _land_through_graph(
+    cache: Callable[[], tuple[DataFrame, DataFrame]],
+    how: str,
+    batch_id: int,
+    checkpoint_id: str,
+    graph: SourceGraph,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str,
+    offsets: OffsetRanges | None,
+) -> dict[str, SinkOutcome]:
+    """The ledger lookups, then ``cache()`` (the persisted batch and its change rows: only when a sink or side
+    output still needs the batch, so a batch every sink holds is not read), the steps after it, the unpersist."""
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
+    if not pending and not graph.fills:
+        return outcome
+    started = time.monotonic()
+    cached, changes = cache()
+    try:
+        staged_at = _land_changes(
+            changes, batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file
+        )
     finally:
         cached.unpersist()
-    _log_landed("read", batch_id, started, staged_at, outcome)
+    log.info(
+        "batch %d: %s, transformed and staged in %.2fs, merged %s in %.2fs",
+        batch_id,
+        how,
+        staged_at - started,
+        {sink_id: o.rows_merged for sink_id, o in outcome.items()},
+        time.monotonic() - staged_at,
+    )
     return outcome
 
 
@@ -275,14 +298,3 @@ def _land_changes(
         if table_id in graph.fills and table.in_memory:
             table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
     return staged_at
-
-
-def _log_landed(read: str, batch_id: int, started: float, staged_at: float, outcome: dict[str, SinkOutcome]) -> None:
-    log.info(
-        "batch %d: %s, transformed and staged in %.2fs, merged %s in %.2fs",
-        batch_id,
-        read,
-        staged_at - started,
-        {sink_id: o.rows_merged for sink_id, o in outcome.items()},
-        time.monotonic() - staged_at,
-    )
