@@ -24,7 +24,8 @@ from cdcsync.config.base import as_key_list as _as_key_list
 from cdcsync.config.types import PgType, parse_pg_type
 
 _UNSUPPORTED_BOUNDED_TYPES = ("array", "bit", "bit varying", "hstore")
-"""Types a bounded read cannot carry yet (their text forms do not cast in Spark to what the decoder gives)."""
+"""Types a ClickHouse or Delta bounded read cannot carry yet (their text forms do not cast in Spark to what the
+decoder gives); a Postgres read carries them (:mod:`cdcsync.sources.bounded`)."""
 
 
 def phase_version(phase: int) -> int:
@@ -256,6 +257,8 @@ class BoundedPlan:
 
 def check_phase_columns(where: str, phase: BoundedModel, columns: dict[str, PgType], problems: list[str]) -> None:
     """A bounded read carries every column its source declares, of types it can carry."""
+    if isinstance(phase, PostgresTableSource):
+        return  # every type: scalars in their text forms, arrays as JSON lists of them
     for name, pg in columns.items():
         kind = pg.name
         if kind in _UNSUPPORTED_BOUNDED_TYPES:

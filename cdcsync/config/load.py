@@ -84,9 +84,12 @@ def _plan(
     if transforms:
         from cdcsync.config.compile import build_plan
 
-        streams = {sid: s.column_types() for sid, s in typed.items()}
+        # A bounded source alone is read by SQL like a Kafka source: its chunks are change rows of its columns.
+        streams = {sid: s.column_types() for sid, s in typed.items()} | {
+            sid: dict(bounded_plan.columns) for sid, bounded_plan in alone.items()
+        }
         placeholders = {sid: set(s.placeholder_columns()) for sid, s in typed.items()}
-        unavailable = invalid | set(plugins) | set(plugin_sources) | set(alone) | (set(sources) - set(typed))
+        unavailable = invalid | set(plugins) | set(plugin_sources) | (set(sources) - set(typed))
         plan, plan_problems = build_plan(streams, transforms, unavailable, placeholders)
         problems.extend(plan_problems)
         _refuse_plugin_inputs(transforms, {**plugins, **plugin_sources}, plan, problems)
@@ -348,7 +351,6 @@ def validate_pipeline_dict(raw: Any, path: Path | None = None, schema_for: Schem
     if not isinstance(job_mode, bool):
         problems.append(f"job_mode: {job_mode!r} must be true or false")
         job_mode = False
-    _check_bounded_readers(bounded, transforms, sinks, plan, problems)
     if job_mode:
         problems.extend(job_mode_problems(sources, plugin_sources, bounded, "job_mode: true"))
 
@@ -428,33 +430,6 @@ def _plan_bounded(
             check_phase_columns(at, phase, dict(bounded_plan.columns), problems)
         plans[source_id] = bounded_plan
     return plans
-
-
-def _check_bounded_readers(
-    bounded: dict[str, BoundedPlan],
-    transforms: dict[str, TransformModel | ExecutorTransform],
-    sinks: dict[str, SinkModel],
-    plan: PipelinePlan,
-    problems: list[str],
-) -> None:
-    """A bounded phase lands its chunks straight in the sinks (:func:`cdcsync.engine.batch.land_rows`): SQL
-    transforms and Delta sinks, which run over a decoded Kafka batch, cannot read it yet."""
-    from cdcsync.config.pipeline import DeltaSink
-
-    for tid, transform in transforms.items():
-        for input_id in (transform.from_ or []) if isinstance(transform, SqlTransform) else []:
-            if input_id in bounded:
-                problems.append(
-                    f"transforms.{tid}.from: '{input_id}' is a bounded or hybrid source; SQL transforms read Kafka "
-                    "sources only (its sinks may read it directly)"
-                )
-    for sink_id, sink in sinks.items():
-        root = plan.source_of_node.get(sink.from_, sink.from_)
-        if isinstance(sink, DeltaSink) and root in bounded:
-            problems.append(
-                f"sinks.{sink_id}.from: '{sink.from_}' reads bounded or hybrid source '{root}', which Delta sinks "
-                "cannot read yet"
-            )
 
 
 def job_mode_problems(

@@ -7,7 +7,8 @@ has to see the decoded changes, so a batch takes these steps (the views are the 
 1. Ledger lookups, as for any batch: sinks that landed this batch before are skipped.
 2. Decode once, on the executors, into a cached DataFrame. Dead letters are written by the decoding tasks
    (idempotently, so a recomputed partition records nothing twice); under ``on_decode_error: fail`` a task
-   reports the message as a row and the driver raises.
+   reports the message as a row and the driver raises. A bounded source's chunk needs no decoding: it is read
+   once into the cache instead (:func:`land_graph_rows`), so a chunk goes through the same steps as a Kafka batch.
 3. Register the views, lazily: the source; each checked dynamic table's keys as they were before this batch
    (reloaded only when the table changed); each side output's keys of this batch; each transform, in order.
 4. Side outputs land their keys in Postgres (ledgered); then each node that feeds sinks is staged in one pass
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.plan import (
     SideOutput,
@@ -188,45 +189,112 @@ def land_graph_batch(
     pipeline_file: str = "PIPELINE.yaml",
     offsets: OffsetRanges | None = None,
 ) -> dict[str, SinkOutcome]:
-    """Land one micro-batch through the source's transforms and dynamic tables; see the module doc."""
+    """Land one micro-batch of Kafka rows through the source's transforms and dynamic tables; see the module doc."""
+
+    def decoded() -> tuple[DataFrame, DataFrame]:
+        cached = _decode(raw, decode, batch_id, pipeline_file)
+        return cached, cached.drop(_FAILURE)
+
+    return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets)
+
+
+def land_graph_rows(
+    rows: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    graph: SourceGraph,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+) -> dict[str, SinkOutcome]:
+    """Land a micro-batch whose rows need no decoding (a bounded source's chunk: business and ``_cdc_*`` columns,
+    lazily read) through the source's transforms and dynamic tables, as :func:`land_graph_batch` lands a decoded
+    Kafka batch. The rows are read once, into the cache, before anything lands: every view and sink then sees the
+    same rows, however often it scans them, and a failed read stops the batch before any sink merged."""
+
+    def read() -> tuple[DataFrame, DataFrame]:
+        from pyspark import StorageLevel
+
+        cached = rows.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+        try:
+            cached.count()
+        except Exception as error:  # Spark wraps executor failures; see job_error
+            cached.unpersist()
+            raise job_error(error, f"reading batch {batch_id}", pipeline_file) from None
+        return cached, cached
+
+    return _land_through_graph(read, "read", batch_id, checkpoint_id, graph, sinks, pipeline_file, None)
+
+
+def _land_through_graph(
+    cache: Callable[[], tuple[DataFrame, DataFrame]],
+    how: str,
+    batch_id: int,
+    checkpoint_id: str,
+    graph: SourceGraph,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str,
+    offsets: OffsetRanges | None,
+) -> dict[str, SinkOutcome]:
+    """The ledger lookups, then ``cache()`` (the persisted batch and its change rows: only when a sink or side
+    output still needs the batch, so a batch every sink holds is not read), the steps after it, the unpersist."""
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
     if not pending and not graph.fills:
         return outcome
     started = time.monotonic()
-    spark = raw.sparkSession  # the query's own session: its temp views are invisible to other queries
-    decoded = _decode(raw, decode, batch_id, pipeline_file)
+    cached, changes = cache()
     try:
-        _register_views(spark, graph, decoded.drop(_FAILURE), checkpoint_id, batch_id)
-        for table_id, table in graph.tables.items():
-            if table_id in graph.fills and not table.in_memory:
-                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id, offsets)
-        staged: dict[str, int] = {}
-        by_node: dict[str, list[str]] = {}
-        lake = {s: sink for s, sink in pending.items() if isinstance(sink, DeltaTableSink)}
-        written = executor_sinks({s: sink for s, sink in pending.items() if s not in lake})
-        for sink_id in written:
-            by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
-        for node, sink_ids in by_node.items():
-            task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
-            rows = spark.table(input_view(node))
-            if any(isinstance(written[s], KafkaTableSink) for s in sink_ids):
-                rows = by_source_partition(rows)
-            staged.update(zip(sink_ids, stage(rows, task, batch_id, pipeline_file), strict=True))
-        staged_at = time.monotonic()
-        outcome.update(merge_all(written, keys, staged))
-        for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
-            merged = sink.merge_changes(keys[sink_id], spark.table(input_view(graph.sink_inputs[sink_id])))
-            outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_merged=merged or 0)
-        for table_id, table in graph.tables.items():
-            if table_id in graph.fills and table.in_memory:
-                table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+        staged_at = _land_changes(
+            changes, batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file
+        )
     finally:
-        decoded.unpersist()
+        cached.unpersist()
     log.info(
-        "batch %d: decoded, transformed and staged in %.2fs, merged %s in %.2fs",
+        "batch %d: %s, transformed and staged in %.2fs, merged %s in %.2fs",
         batch_id,
+        how,
         staged_at - started,
         {sink_id: o.rows_merged for sink_id, o in outcome.items()},
         time.monotonic() - staged_at,
     )
     return outcome
+
+
+def _land_changes(
+    changes: DataFrame,
+    batch_id: int,
+    checkpoint_id: str,
+    graph: SourceGraph,
+    keys: dict[str, dict[str, Any]],
+    pending: dict[str, BatchSink],
+    outcome: dict[str, SinkOutcome],
+    offsets: OffsetRanges | None,
+    pipeline_file: str,
+) -> float:
+    """Steps 3 to 5 of the module doc over the batch's change rows (cached by the caller); fills ``outcome`` and
+    returns when the staging ended."""
+    spark = changes.sparkSession  # the query's own session: its temp views are invisible to other queries
+    _register_views(spark, graph, changes, checkpoint_id, batch_id)
+    for table_id, table in graph.tables.items():
+        if table_id in graph.fills and not table.in_memory:
+            table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id, offsets)
+    staged: dict[str, int] = {}
+    by_node: dict[str, list[str]] = {}
+    lake = {s: sink for s, sink in pending.items() if isinstance(sink, DeltaTableSink)}
+    written = executor_sinks({s: sink for s, sink in pending.items() if s not in lake})
+    for sink_id in written:
+        by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
+    for node, sink_ids in by_node.items():
+        task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
+        rows = spark.table(input_view(node))
+        if any(isinstance(written[s], KafkaTableSink) for s in sink_ids):
+            rows = by_source_partition(rows)
+        staged.update(zip(sink_ids, stage(rows, task, batch_id, pipeline_file), strict=True))
+    staged_at = time.monotonic()
+    outcome.update(merge_all(written, keys, staged))
+    for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
+        merged = sink.merge_changes(keys[sink_id], spark.table(input_view(graph.sink_inputs[sink_id])))
+        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_merged=merged or 0)
+    for table_id, table in graph.tables.items():
+        if table_id in graph.fills and table.in_memory:
+            table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+    return staged_at

@@ -2,7 +2,10 @@
 
 Every chunk is one micro-batch through the same path as a plugin source's (:func:`cdcsync.engine.batch.land_rows`):
 the ledger lookup, one staging pass, a ledgered merge per sink, under the pipeline's lock and fence, with the
-same retries. Its batch id is the chunk's number across the source's phases, its checkpoint id
+same retries. A source that feeds SQL transforms, dynamic tables or Delta sinks lands each chunk through its
+transform graph instead, like a decoded Kafka batch (:func:`cdcsync.engine.graph.land_graph_rows`); a Delta sink's
+MERGE of a chunk is then idempotent under Delta's ``txnAppId`` (the chunk's checkpoint id) and ``txnVersion`` (its
+batch id), as for a Kafka batch. Its batch id is the chunk's number across the source's phases, its checkpoint id
 ``bounded-<plan id>``, so the ledger rows of a backfill never meet those of a Kafka checkpoint.
 
 Progress lives in ``<state dir>/checkpoints/<pipeline>/<source>.bounded/progress.json``: the plan of each phase
@@ -41,8 +44,9 @@ from cdcsync.config.bounded import (
 from cdcsync.config.load import job_mode_problems
 from cdcsync.core.errors import ConfigError, UserError
 from cdcsync.db.retry import with_retries
-from cdcsync.engine.batch import BatchSink, land_rows
-from cdcsync.runtime.stream import BatchHandler, StopRequested, build_sinks
+from cdcsync.engine.batch import BatchSink, SinkOutcome, land_rows
+from cdcsync.engine.graph import land_graph_rows
+from cdcsync.runtime.stream import BatchHandler, StopRequested, build_graph, build_sinks, check_delta_tables
 from cdcsync.sources.bounded import Bound, chunk_count, chunk_ranges, clickhouse, delta, postgres, read_ranges
 
 if TYPE_CHECKING:
@@ -140,7 +144,8 @@ class BoundedHandler(BatchHandler):
         self.plan = plan
         self.sinks = sinks
         self.settings = settings
-        self.graph = None
+        self.graph = build_graph(pipeline, plan.source_id, settings.postgres_dsn)
+        """Its transforms, dynamic tables and Delta sinks; None when every sink reads the chunks directly."""
         self.progress = Progress.load(progress_dir(settings, pipeline.name, plan.source_id), plan)
         self._init_run_state()
 
@@ -153,7 +158,13 @@ class BoundedHandler(BatchHandler):
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = started
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
-        land = functools.partial(land_rows, changes, batch_id, self.checkpoint_id, self.sinks, pipeline_file)
+        land: Callable[[], dict[str, SinkOutcome]]
+        if self.graph is None:
+            land = functools.partial(land_rows, changes, batch_id, self.checkpoint_id, self.sinks, pipeline_file)
+        else:
+            land = functools.partial(
+                land_graph_rows, changes, batch_id, self.checkpoint_id, self.graph, self.sinks, pipeline_file
+            )
         describe = f"source '{self.source_id}' chunk {batch_id}"
         outcome = with_retries(
             functools.partial(self._attempt, land), describe=describe, budget=self.retry_budget, on_wait=self._waiting
@@ -266,7 +277,9 @@ def run_bounded(
     """Every source's bounded phases, one source after the other; False when stopped before the end. Each
     handler is added to ``handlers`` (as ``<source>.bounded``) so that the live view and metrics show it."""
     for source_id, plan in pipeline.bounded.items():
-        handler = BoundedHandler(pipeline, plan, build_sinks(pipeline, source_id, settings), settings)
+        sinks = build_sinks(pipeline, source_id, settings)
+        check_delta_tables(spark, sinks)
+        handler = BoundedHandler(pipeline, plan, sinks, settings)
         handler.lock_guard = lock.ensure_held
         handler.fence_sinks(lock.fence)
         handlers[f"{source_id}.bounded"] = handler

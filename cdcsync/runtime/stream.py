@@ -491,9 +491,7 @@ class PipelineRunner:
         checkpoint_dir = self.settings.checkpoint_dir(self.pipeline.name, source_id)
         checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
         sinks = build_sinks(self.pipeline, source_id, self.settings)
-        for sink in sinks.values():
-            if isinstance(sink, DeltaTableSink):  # its table is read through Spark, so checked only now
-                sink.check_table(spark)
+        check_delta_tables(spark, sinks)
         handler = BatchHandler(
             self.pipeline,
             source_id,
@@ -606,6 +604,14 @@ def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[
         else:
             sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
     return sinks
+
+
+def check_delta_tables(spark: SparkSession, sinks: dict[str, BatchSink]) -> None:
+    """Refuse (exit 2) a Delta sink whose table is missing or lacks a column: read through Spark, so checked only
+    once the session is up, before the sink's first batch."""
+    for sink in sinks.values():
+        if isinstance(sink, DeltaTableSink):
+            sink.check_table(spark)
 
 
 def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:

@@ -2,11 +2,14 @@
 then real Debezium's newer changes of the same keys streamed from Kafka, into a Postgres mirror and a Postgres
 aggregate.
 
-One source table, three runs of the real CLI: a job-mode run SIGKILLed in the middle of the backfill; a job-mode
-run that continues it (each chunk in the ledger once, nothing merged twice) and exits 0 with the backfill complete
-and nothing streamed (the second phase's rows over the first's); a run that drains Kafka, after which both targets hold the newest state. The backfilled rows
-were in the targets first, so the stream's changes must rank above them; the reverse order (a backfill landing
-after the stream) is tests/integration/test_postgres_sink.py::test_backfilled_rows_rank_below_every_streamed_change.
+One source table, four runs of the real CLI: a job-mode run SIGKILLed in the middle of the backfill; a streaming
+run that continues it and is SIGKILLed at the switch-over, as soon as the last chunk is in the ledger (the
+backfill's progress and the Kafka phase's checkpoint in whatever state the kill left them); a job-mode run that
+finds the backfill complete (each chunk in the ledger once, nothing merged twice, the second phase's rows over the
+first's) and exits 0 with nothing streamed; a run that drains Kafka, each of its batches once, after which both
+targets hold the newest state. The backfilled rows were in the targets first, so the stream's changes must rank
+above them; the reverse order (a backfill landing after the stream) is
+tests/integration/test_postgres_sink.py::test_backfilled_rows_rank_below_every_streamed_change.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +34,7 @@ COLUMNS = {"id": "bigint", "name": "text", "qty": "integer", "grp": "integer"}
 ROWS = 200
 CHUNK_SIZE = 20  # 10 chunks: a kill lands in the middle of the backfill
 ARCHIVED = 100  # the ClickHouse archive: the first keys, older still, in 2 pages
+CHUNKS = 2 + ROWS // CHUNK_SIZE  # the archive's 2 pages, then the copy's chunks: one batch id each
 
 
 def pipeline(source: DebeziumSource, archive: ClickHouseDatabase) -> dict[str, Any]:
@@ -83,7 +88,28 @@ def rows(dsn: str, query: str) -> set[tuple[Any, ...]]:
         return {tuple(row) for row in conn.execute(query)}
 
 
-def test_backfill_killed_resumed_in_job_mode_then_streamed(
+def kill_when(process: subprocess.Popen[str], ready: Callable[[], bool]) -> bool:
+    """SIGKILL the run (CLI and JVM) as soon as ``ready()``; False when it ended first or never got there."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None and not ready():
+        time.sleep(0.1)
+    alive = process.poll() is None
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    return alive and ready()
+
+
+def streamed_batches(dsn: str) -> dict[str, list[int]]:
+    """Batch ids in the ledger of the Kafka phase, by sink (the backfill's checkpoint ids start ``bounded-``)."""
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT sink, array_agg(batch_id ORDER BY batch_id) FROM cdcsync.batch_ledger "
+            "WHERE pipeline = 'hybrid' AND checkpoint_id NOT LIKE 'bounded-%' GROUP BY sink"
+        ).fetchall()
+    return dict(found)
+
+
+def test_backfill_killed_mid_way_and_at_the_switch_over_then_streamed(
     debezium_source: DebeziumSource,
     clickhouse_database: ClickHouseDatabase,
     make_project: Callable[[dict[str, Any]], Project],
@@ -120,18 +146,22 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
     project.env["CDCSYNC__JOB_MODE"] = "true"
 
     process = project.start("run", str(project.pipeline_file))  # SIGKILLed in the middle of the backfill
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if len(ledger_batches(postgres_dsn, "hybrid").get("mirror", [])) >= 2:
-            break
-        time.sleep(0.2)
-    assert process.poll() is None, "the run ended before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    assert kill_when(process, lambda: len(ledger_batches(postgres_dsn, "hybrid").get("mirror", [])) >= 2)
     killed_at = len(ledger_batches(postgres_dsn, "hybrid")["mirror"])
-    assert killed_at < 2 + ROWS // CHUNK_SIZE
+    assert killed_at < CHUNKS
 
-    resumed = project.cdcsync("run", str(project.pipeline_file))  # job mode: the backfill's end, then exit 0
+    # The switch-over: the last chunk landed in both sinks, the Kafka phase starting. Killed before it lands a
+    # batch (its query takes seconds to start), so that the job-mode run below sees the backfill alone.
+    del project.env["CDCSYNC__JOB_MODE"]
+    process = project.start("run", str(project.pipeline_file), "--available-now")
+    last_chunk = [CHUNKS - 1] * 2
+    assert kill_when(
+        process, lambda: [ids[-1] for ids in ledger_batches(postgres_dsn, "hybrid").values()] == last_chunk
+    )
+    assert not streamed_batches(postgres_dsn), "the Kafka phase landed a batch before the kill"
+
+    project.env["CDCSYNC__JOB_MODE"] = "true"
+    resumed = project.cdcsync("run", str(project.pipeline_file))  # job mode: the backfill is complete, exit 0
     assert "job mode" in resumed.stderr
     seed = rows(source.dsn, "SELECT id, name, qty, grp FROM public.items_seed")
     assert rows(postgres_dsn, "SELECT id, name, qty, grp FROM app.items") == seed
@@ -140,7 +170,7 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
             "SELECT sink, count(DISTINCT checkpoint_id), array_agg(batch_id ORDER BY batch_id), sum(rows_written) "
             "FROM cdcsync.batch_ledger WHERE pipeline = 'hybrid' GROUP BY sink"
         ).fetchall()
-    chunks = list(range(2 + ROWS // CHUNK_SIZE))  # the archive's 2 pages, then the copy's chunks
+    chunks = list(range(CHUNKS))
     assert {sink: (checkpoints, ids, written) for sink, checkpoints, ids, written in ledger} == {
         "mirror": (1, chunks, ARCHIVED + ROWS),
         "totals": (1, chunks, ARCHIVED + ROWS),
@@ -151,6 +181,9 @@ def test_backfill_killed_resumed_in_job_mode_then_streamed(
 
     del project.env["CDCSYNC__JOB_MODE"]
     project.cdcsync("run", str(project.pipeline_file), "--available-now")  # the backfill is done: Kafka only
+    streamed = streamed_batches(postgres_dsn)
+    assert set(streamed) == {"mirror", "totals"} and streamed["mirror"] == streamed["totals"]
+    assert streamed["mirror"] == list(range(len(streamed["mirror"]))), "each Kafka batch once"
     newest = rows(source.dsn, "SELECT id, name, qty, grp FROM public.items")
     assert rows(postgres_dsn, "SELECT id, name, qty, grp FROM app.items") == newest
     assert rows(postgres_dsn, "SELECT grp, qty, items FROM app.qty_by_grp") == rows(

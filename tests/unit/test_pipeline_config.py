@@ -13,7 +13,7 @@ from cdcsync import migrations
 from cdcsync.config.load import load_pipeline, validate_pipeline_dict
 from cdcsync.config.types import UnknownTypeError, parse_pg_type
 from cdcsync.core.errors import ConfigError, exit_code_for
-from cdcsync.migrations import POSTGRES
+from cdcsync.migrations import DELTA, POSTGRES
 
 pytestmark = pytest.mark.unit
 
@@ -267,6 +267,9 @@ def test_bundled_backfill_example_is_valid() -> None:
     example = Path(__file__).parents[2] / "examples" / "backfill.yaml"
     pipeline = load_pipeline(example)
     assert pipeline.bounded["orders"].streams and pipeline.sources["orders"].topic == "shop.public.orders"
-    assert migrations.plan(POSTGRES, pipeline, example.parents[1] / "migrations") == [], (
-        "run `cdcsync init examples/backfill.yaml` and commit the file"
-    )
+    assert set(pipeline.sinks_of("orders")) == {"orders_mirror", "revenue", "orders_lake"}
+    assert set(pipeline.delta_sinks()) == {"orders_lake"}  # the backfill and the stream into a lakehouse copy too
+    for target in (POSTGRES, DELTA):
+        assert migrations.plan(target, pipeline, example.parents[1] / "migrations") == [], (
+            "run `cdcsync init examples/backfill.yaml` and commit the files"
+        )

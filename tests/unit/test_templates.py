@@ -347,7 +347,7 @@ def test_unknown_type_is_refused() -> None:
 
 def test_bounded_postgres_reads_golden() -> None:
     """A bounded Postgres source's plan and range reads: every name quoted, every bound a parameter cast to the
-    key column's type, bytea as hex."""
+    key column's type, bytea as hex, an array as a JSON list of its elements' text forms."""
     key = [("Re gion", "text"), ('we"ird', "bigint")]
     bounds = render("postgres/bounded/key_bounds.sql.j2", schema="My App", table="select", key=[n for n, _ in key])
     reads = [
@@ -355,7 +355,7 @@ def test_bounded_postgres_reads_golden() -> None:
             "postgres/bounded/read_range.sql.j2",
             schema="My App",
             table="select",
-            columns=[*key, ("blob", "bytea"), ("at", "timestamp with time zone")],
+            columns=[*key, ("blob", "bytea"), ("at", "timestamp with time zone"), ("Tags", "bytea[]")],
             key=key,
             lower=lower,
             upper=upper,
@@ -365,6 +365,7 @@ def test_bounded_postgres_reads_golden() -> None:
     check_golden("bounded_postgres.sql", "\n".join([bounds, *reads]))
     assert '"We""ird"' not in bounds and '"we""ird"' in bounds
     assert reads[0].count("%(lo") == 2 and reads[0].count("%(hi") == 2 and "%(" not in reads[3]
+    assert 'array_to_json("Tags"::text[])' in reads[0]
 
 
 def test_bounded_clickhouse_reads_golden() -> None:

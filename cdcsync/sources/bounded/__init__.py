@@ -24,7 +24,7 @@ from cdcsync.config.types import PgType
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 Bound = list[str] | None
 """A key as the text forms of its columns; None for an open end."""
@@ -120,9 +120,20 @@ def read_ranges(
     rows = [(json.dumps(lower), json.dumps(upper)) for lower, upper in ranges]
     frame = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)), "lower string, upper string")
     text = frame.mapInArrow(task, StructType([StructField(name, StringType()) for name, _ in columns]))
-    return text.select(
-        *(
-            (F.unhex(F.col(name)) if pg.name == "bytea" else F.col(name).cast(pg.spark_type)).alias(name)
-            for name, pg in columns
-        )
-    )
+    return text.select(*(typed(F.col(name), pg).alias(name) for name, pg in columns))
+
+
+def typed(text: Column, pg: PgType) -> Column:
+    """A column's text form as its Spark type: cast (the forms are the ones Spark's casts read), bytea from hex,
+    an array (a JSON list of its elements' text forms) element by element the same way (a bytea element as
+    Postgres writes it, ``\\x`` then hex)."""
+    from pyspark.sql import functions as F
+
+    if pg.name == "bytea":
+        return F.unhex(text)
+    if pg.element is None:
+        return text.cast(pg.spark_type)
+    elements = F.from_json(text, "array<string>")
+    if pg.element.name == "bytea":
+        return F.transform(elements, lambda element: F.unhex(F.substring(element, 3, 2**31 - 1)))
+    return elements.cast(pg.spark_type)
