@@ -26,6 +26,7 @@ jars: $(JARS_STAMP)
 
 lint: install
 	$(BIN)/ruff check cdcsync tests benchmarks examples containers
+	$(BIN)/ruff format --check cdcsync tests benchmarks examples containers
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 

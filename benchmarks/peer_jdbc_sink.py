@@ -340,9 +340,7 @@ def run_jdbc_sink(
         f"{times.caught_up - times.registered:.1f}s from registration",
     )
     _verify(one, dsn, "public", load, arrival)
-    print(
-        f"JDBC sink: {one.streaming_s:.1f}s from its first read, {one.wall_s:.1f}s wall; {one.vs_source.describe()}"
-    )
+    print(f"JDBC sink: {one.streaming_s:.1f}s from its first read, {one.wall_s:.1f}s wall; {one.vs_source.describe()}")
     return one
 
 
@@ -360,9 +358,7 @@ def _create_table(dsn: str, schema: str, columns: Mapping[str, str]) -> None:
         conn.execute(sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(table, definition, key))
 
 
-def _verify(
-    one: SystemRun, dsn: str, schema: str, load: workload.Workload, arrival: Mapping[int, Row] | None
-) -> None:
+def _verify(one: SystemRun, dsn: str, schema: str, load: workload.Workload, arrival: Mapping[int, Row] | None) -> None:
     import psycopg
     from psycopg import sql
 

@@ -64,6 +64,7 @@ FIGURES: list[Figures] = []
 """Rows recorded by the tests run in this process; ``tests/faults/conftest.py`` hands each test's rows on with its
 report, so the table (``tests/conftest.py``'s ``pytest_terminal_summary``) also has those of xdist's workers."""
 
+
 def record(figures: Figures) -> Figures:
     FIGURES.append(figures)
     return figures

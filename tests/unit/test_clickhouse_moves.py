@@ -29,7 +29,9 @@ def test_a_key_comes_back_from_its_link_as_clickhouse_binds_its_types() -> None:
     ("kind", "value"),
     [("text", "x" * 3000), ("bytea", b"\x00\x01"), ("text[]", ["a", None]), ("date[]", [dt.date(2024, 1, 1)])],
 )
-def test_a_delete_row_carries_a_value_only_when_it_is_neither_empty_nor_the_placeholder(kind: str, value: object) -> None:
+def test_a_delete_row_carries_a_value_only_when_it_is_neither_empty_nor_the_placeholder(
+    kind: str, value: object
+) -> None:
     placeholder = PLACEHOLDER_BY_KIND[kind]
     as_read = list(placeholder) if isinstance(placeholder, tuple) else placeholder  # arrays come back as lists
     assert is_placeholder(as_read, placeholder) and not known(as_read, placeholder)
