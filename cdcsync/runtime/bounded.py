@@ -50,6 +50,7 @@ from cdcsync.runtime.stream import BatchHandler, StopRequested, build_graph, bui
 from cdcsync.sources.bounded import Bound, chunk_count, chunk_ranges, clickhouse, delta, postgres, read_ranges
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import DataFrame, SparkSession
 
     from cdcsync.config.pipeline import Pipeline
@@ -138,7 +139,14 @@ def _fingerprint(plan: BoundedPlan) -> str:
 class BoundedHandler(BatchHandler):
     """Lands the chunks of one source's bounded phases, one micro-batch each (module doc)."""
 
-    def __init__(self, pipeline: Pipeline, plan: BoundedPlan, sinks: dict[str, BatchSink], settings: Settings):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        plan: BoundedPlan,
+        sinks: dict[str, BatchSink],
+        settings: Settings,
+        spark_context: SparkContext,
+    ):
         self.pipeline = pipeline
         self.source_id = plan.source_id
         self.plan = plan
@@ -147,6 +155,7 @@ class BoundedHandler(BatchHandler):
         self.graph = build_graph(pipeline, plan.source_id, settings.postgres_dsn)
         """Its transforms, dynamic tables and Delta sinks; None when every sink reads the chunks directly."""
         self.progress = Progress.load(progress_dir(settings, pipeline.name, plan.source_id), plan)
+        self.spark_context = spark_context
         self._init_run_state()
 
     @property
@@ -279,7 +288,7 @@ def run_bounded(
     for source_id, plan in pipeline.bounded.items():
         sinks = build_sinks(pipeline, source_id, settings)
         check_delta_tables(spark, sinks)
-        handler = BoundedHandler(pipeline, plan, sinks, settings)
+        handler = BoundedHandler(pipeline, plan, sinks, settings, spark.sparkContext)
         handler.lock_guard = lock.ensure_held
         handler.fence_sinks(lock.fence)
         handlers[f"{source_id}.bounded"] = handler
