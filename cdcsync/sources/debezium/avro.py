@@ -18,11 +18,13 @@ written for it, then :class:`~cdcsync.sources.debezium.plan.RowPlan`'s generated
 
 from __future__ import annotations
 
+import re
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
 from cdcsync.core.reports import Report, ReportedFailure, service_unavailable
+from cdcsync.sources.debezium.avro_columnar import ColumnarAvro, Unsupported
 from cdcsync.sources.debezium.avro_registry import (
     MAX_REASON,
     NotFound,
@@ -39,9 +41,12 @@ from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.values import Ctx, Reject, Reparse
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from cdcsync.sources.debezium.spec import DecodeSpec
 
 WIRE_MAGIC = 0
+_OBJECT_ADDRESS = re.compile(r"<[\w.]+ object at 0x[0-9a-f]+>")
 HEADER_BYTES = 5
 
 
@@ -134,7 +139,8 @@ class AvroPlan(RowPlan):
     Cached per spec and executor process like the JSON plan; the per-task state (``begin_task``) makes one task
     wait for an unreachable registry at most once and ask again about unknown ids in the next task only."""
 
-    def __init__(self, spec: DecodeSpec) -> None:
+    def __init__(self, spec: DecodeSpec, *, batch_path: bool = True) -> None:
+        """``batch_path=False`` decodes every message on its own (the tests compare the two paths)."""
         if spec.schema_registry is None:
             raise DecodeError(
                 f"source '{spec.source_id}': format avro needs a schema registry",
@@ -152,6 +158,9 @@ class AvroPlan(RowPlan):
         self._values: dict[int, _Reader | str] = {}
         self._keys: dict[int, _Reader | str] = {}
         self._changes: dict[int, Report | None] = {}
+        # The batch path needs the key in the row: without a declared key every message's key is read.
+        self._batch_path = batch_path and self.pk_index is not None
+        self._columnar: dict[int, ColumnarAvro | None] = {}
         self.begin_task()
 
     def begin_task(self) -> None:
@@ -191,7 +200,10 @@ class AvroPlan(RowPlan):
         try:
             return reader.read(raw), reader, None
         except Exception as error:
-            detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            # fastavro names the stream object (a memory address): the same message must give the same reason
+            detail = _OBJECT_ADDRESS.sub(
+                "the message", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            )
             return (
                 None,
                 None,
@@ -200,6 +212,67 @@ class AvroPlan(RowPlan):
                     f"({reader.writer.name}): {detail}"
                 )[:MAX_REASON],
             )
+
+    # ---- a whole batch ---------------------------------------------------------------------------------------
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch path (:mod:`~cdcsync.sources.debezium.avro_columnar`) where it applies, else message by
+        message."""
+        decoded = self._decode_columnar(batch)
+        return decoded if decoded is not None else super()._decode_batch(batch)
+
+    def _decode_columnar(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """The messages written with the first message's writer schema decoded together, the rest (tombstones,
+        other schemas, what the batch path leaves to the row decoder) message by message, in input order; None
+        to decode it all message by message."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        if not self._batch_path:
+            return None
+        value = batch.column(batch.schema.names.index("value"))
+        present = pc.is_valid(value)
+        changes = pc.indices_nonzero(present)
+        values = value.filter(present)
+        if not len(values) or values.type != pa.binary():
+            return None
+        first = values[0].as_py()
+        if _wire_problem(first, "value") is not None:
+            return None
+        reader = self._reader(first, "value")  # an unreachable registry fails the task here, as it would below
+        if isinstance(reader, str):
+            return None
+        if self.spec.detect_schema_changes and self._writer_schema_change(reader.writer) is not None:
+            return None
+        columnar = self._columnar_for(reader)
+        if columnar is None:
+            return None
+        # Messages of another writer schema (or not in the wire format) are the row decoder's.
+        heads = pc.binary_slice(values, 0, HEADER_BYTES)
+        other = pc.invert(pc.fill_null(pc.equal(heads, pa.scalar(first[:HEADER_BYTES], pa.binary())), False))
+
+        def kafka_micros() -> list[Any]:
+            return pa.array(self._kafka_micros(batch), pa.int64()).filter(present)
+
+        columns = columnar.decode(values, HEADER_BYTES, np.asarray(other.to_numpy(zero_copy_only=False)), kafka_micros)
+        if columns is None:
+            return None
+        return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
+
+    def _columnar_for(self, reader: _Reader) -> ColumnarAvro | None:
+        """The batch path of a writer schema, once per schema id; None when it has none."""
+        schema_id = reader.writer.schema_id
+        if schema_id not in self._columnar:
+            assert self.pk_index is not None
+            try:
+                found: ColumnarAvro | None = ColumnarAvro(
+                    self.spec.columns, self.pk_index, reader.writer.original, reader.writer.names, self.row_types
+                )
+            except Unsupported:
+                found = None
+            self._columnar[schema_id] = found
+        return self._columnar[schema_id]
 
     # ---- one message -----------------------------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ def _plain_jsonable(value: Any) -> Any:
     return value
 
 
-def _decimal_scale(info: dict[str, Any]) -> int | None:
+def decimal_scale(info: dict[str, Any]) -> int | None:
     """The scale of a Connect ``Decimal`` / Avro ``decimal`` (bytes or fixed), else None."""
     if info.get("connect.name") != DEBEZIUM_DECIMAL and info.get("logicalType") != "decimal":
         return None
@@ -148,7 +148,7 @@ def _jsonable_for(schema: Any, names: dict[str, Any], namespace: str) -> Transla
         return _jsonable_for(live[0], names, namespace)
     base, logical, info = avro_annotations(schema)
     if base in ("bytes", "fixed"):
-        scale = _decimal_scale(info)
+        scale = decimal_scale(info)
         return _base64 if scale is None else _decimal_bytes(scale)
     if logical == VARIABLE_SCALE_DECIMAL:
         return _variable_scale_decimal
@@ -245,7 +245,7 @@ def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -
     base, logical, info = avro_annotations(schema)
     kind = pg.name
     if base in ("bytes", "fixed"):
-        scale = _decimal_scale(info)
+        scale = decimal_scale(info)
         if scale is not None:
             return _integral_decimal(scale, pg) if kind in INT_RANGES else _decimal_bytes(scale)
         if kind == "bytea":

@@ -321,6 +321,31 @@ class RowPlan:
             arrays += self.no_dead_letters(count)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema), sources
 
+    def with_row_decoder(
+        self, batch: pa.RecordBatch, changes: pa.Array, arrays: list[pa.Array], redo: pa.Array
+    ) -> pa.RecordBatch:
+        """A batch path's output merged with the row decoder's, in input order: ``arrays`` are the decoded
+        columns (business, ``_cdc_op``, ``_cdc_version``, ``_cdc_ts``) of the input rows ``changes``, good but
+        for ``redo``; the row decoder decodes those and every other input row (tombstones)."""
+        pa = self.pa
+        import pyarrow.compute as pc
+
+        if NEW_KEY_COLUMN in batch.schema.names:  # a key change's delete: the row decoder adds its key-move row
+            redo = pc.or_(redo, pc.is_valid(batch.column(batch.schema.names.index(NEW_KEY_COLUMN)).take(changes)))
+        keep = pc.invert(redo)
+        fast = changes.filter(keep)
+        arrays = [array.filter(keep) for array in arrays] if redo.true_count else list(arrays)
+        arrays += self.kafka_columns(batch, fast) + self.no_dead_letters(len(fast))
+        decoded = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        if len(fast) == batch.num_rows:
+            return decoded
+        rows = pa.array(range(batch.num_rows), pa.int64())
+        slow = rows.filter(pc.invert(pc.is_in(rows, value_set=fast)))
+        rest, sources = self.decode_rows(batch.take(slow))
+        positions = pa.concat_arrays([fast.cast(pa.int64()), slow.take(pa.array(sources, pa.int64()))])
+        # sort_indices is stable: a delete stays before its key-move row (both from one message)
+        return pa.concat_batches([decoded, rest]).take(pc.sort_indices(positions))
+
     def kafka_columns(self, batch: pa.RecordBatch, take: pa.Array) -> list[pa.Array]:
         """``_cdc_topic``, ``_cdc_partition`` and ``_cdc_offset`` of the input rows ``take``."""
         pa = self.pa
