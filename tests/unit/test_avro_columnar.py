@@ -246,7 +246,7 @@ def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does(
     both_paths(spec_of(COLUMNS), kafka_batch(batch))
 
 
-def test_debezium_avro_batches_take_the_batch_path() -> None:
+def test_debezium_avro_batches_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The workload's changes as AvroConverter writes them: decoded by the batch path, tombstones included."""
     REGISTRY.add(workload.ORDERS_AVRO_KEY_SCHEMA, 11)
     REGISTRY.add(workload.ORDERS_AVRO_VALUE_SCHEMA, 12)
@@ -258,6 +258,11 @@ def test_debezium_avro_batches_take_the_batch_path() -> None:
         assert len(rows) == len(generated.events)
         assert not any(row["_dlq_reason"] for row in rows)
         assert {row["_cdc_op"] for row in rows} == {"c", "u", "d"}
+        assert sum(row["_cdc_version"] is None for row in rows) == sum(e.value is None for e in generated.events)
+    # Nothing went to the row decoder, not even the tombstones.
+    fast, _ = plans(spec_of(dict(workload.ORDERS_COLUMNS)))
+    monkeypatch.setattr(fast, "decode_rows", None)
+    assert fast.decode_batch(batch).num_rows == len(generated.events)
 
 
 def test_writer_schemas_and_columns_the_batch_path_leaves_to_the_row_decoder() -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
 from cdcsync.core.reports import Report, ReportedFailure, service_unavailable
-from cdcsync.sources.debezium.avro_columnar import ColumnarAvro, Unsupported
+from cdcsync.sources.debezium.avro_columnar import ColumnarAvro, KeyColumns, Unsupported
 from cdcsync.sources.debezium.avro_registry import (
     MAX_REASON,
     NotFound,
@@ -161,6 +161,7 @@ class AvroPlan(RowPlan):
         # The batch path needs the key in the row: without a declared key every message's key is read.
         self._batch_path = batch_path and self.pk_index is not None
         self._columnar: dict[int, ColumnarAvro | None] = {}
+        self._key_columnar: dict[int, KeyColumns | None] = {}
         self.begin_task()
 
     def begin_task(self) -> None:
@@ -222,43 +223,102 @@ class AvroPlan(RowPlan):
         return decoded if decoded is not None else super()._decode_batch(batch)
 
     def _decode_columnar(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
-        """The messages written with the first message's writer schema decoded together, the rest (tombstones,
-        other schemas, what the batch path leaves to the row decoder) message by message, in input order; None
-        to decode it all message by message."""
-        import numpy as np
+        """The messages written with the first message's writer schema decoded together, and the tombstones whose
+        keys have the first tombstone's key schema; the rest (other schemas, what the batch path leaves to the
+        row decoder) message by message, in input order. None to decode it all message by message."""
         import pyarrow.compute as pc
 
         pa = self.pa
         if not self._batch_path:
             return None
-        value = batch.column(batch.schema.names.index("value"))
+        names = batch.schema.names
+        value = batch.column(names.index("value"))
         present = pc.is_valid(value)
         changes = pc.indices_nonzero(present)
         values = value.filter(present)
-        if not len(values) or values.type != pa.binary():
+        found = self._first_schema(values, "value")
+        if found is None:
             return None
-        first = values[0].as_py()
-        if _wire_problem(first, "value") is not None:
-            return None
-        reader = self._reader(first, "value")  # an unreachable registry fails the task here, as it would below
-        if isinstance(reader, str):
-            return None
+        reader, other = found
         if self.spec.detect_schema_changes and self._writer_schema_change(reader.writer) is not None:
             return None
         columnar = self._columnar_for(reader)
         if columnar is None:
             return None
-        # Messages of another writer schema (or not in the wire format) are the row decoder's.
-        heads = pc.binary_slice(values, 0, HEADER_BYTES)
-        other = pc.invert(pc.fill_null(pc.equal(heads, pa.scalar(first[:HEADER_BYTES], pa.binary())), False))
 
-        def kafka_micros() -> list[Any]:
-            return pa.array(self._kafka_micros(batch), pa.int64()).filter(present)
+        def kafka_micros() -> Any:
+            return self.kafka_micros(batch).filter(present)
 
-        columns = columnar.decode(values, HEADER_BYTES, np.asarray(other.to_numpy(zero_copy_only=False)), kafka_micros)
+        columns = columnar.decode(values, HEADER_BYTES, other, kafka_micros)
         if columns is None:
             return None
-        return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
+        tombstones = self._tombstones(batch, present) if "key" in names else None
+        if tombstones is None:
+            return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
+        rows, arrays, redo = tombstones
+        return self.with_row_decoder(
+            batch,
+            pa.concat_arrays([changes, rows]),
+            [pa.concat_arrays([a, b]) for a, b in zip(columns.arrays, arrays, strict=True)],
+            pa.concat_arrays([columns.redo, redo]),
+            ordered=False,
+        )
+
+    def _first_schema(self, messages: pa.Array, what: str) -> tuple[_Reader, Any] | None:
+        """The reader of the first message's writer schema, and which messages have another (or are not in the
+        wire format: the row decoder says why); None when the first has no usable one."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        if not len(messages) or messages.type != pa.binary():
+            return None
+        first = messages[0].as_py()
+        if _wire_problem(first, what) is not None:
+            return None
+        reader = self._reader(first, what)  # an unreachable registry fails the task here, as it would later
+        if isinstance(reader, str):
+            return None
+        heads = pc.binary_slice(messages, 0, HEADER_BYTES)
+        same = pc.fill_null(pc.equal(heads, pa.scalar(first[:HEADER_BYTES], pa.binary())), False)
+        return reader, np.invert(same.to_numpy(zero_copy_only=False))
+
+    def _tombstones(self, batch: pa.RecordBatch, present: pa.Array) -> tuple[pa.Array, list[pa.Array], pa.Array] | None:
+        """(input rows, output columns, rows to redo) of the batch's keyed tombstones, as
+        :meth:`~cdcsync.sources.debezium.plan.RowPlan.decode_tombstone` makes them: a delete of the key, no
+        version, the Kafka timestamp; None to leave them to it."""
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        assert self.pk_index is not None
+        key = batch.column(batch.schema.names.index("key"))
+        keyed = pc.and_(pc.invert(present), pc.is_valid(key))
+        rows = pc.indices_nonzero(keyed)
+        found = self._first_schema(key.filter(keyed), "message key")
+        if found is None:
+            return None
+        reader, other = found
+        schema_id = reader.writer.schema_id
+        if schema_id not in self._key_columnar:
+            pk = tuple(self.spec.columns[i] for i in self.pk_index)
+            try:
+                self._key_columnar[schema_id] = KeyColumns(pk, reader.writer.original, reader.writer.names)
+            except Unsupported:
+                self._key_columnar[schema_id] = None
+        columnar = self._key_columnar[schema_id]
+        if columnar is None:
+            return None
+        decoded = columnar.decode(key.filter(keyed), HEADER_BYTES, other, [self.row_types[i] for i in self.pk_index])
+        if decoded is None:
+            return None
+        keys, redo = decoded
+        count = len(rows)
+        arrays = [pa.nulls(count, t) for t in self.row_types]
+        for i, array in zip(self.pk_index, keys, strict=True):
+            arrays[i] = array
+        arrays[-3] = pa.array(["d"] * count, self.row_types[-3])
+        arrays[-1] = self.kafka_micros(batch).take(rows).cast(self.row_types[-1])
+        return rows, arrays, redo
 
     def _columnar_for(self, reader: _Reader) -> ColumnarAvro | None:
         """The batch path of a writer schema, once per schema id; None when it has none."""

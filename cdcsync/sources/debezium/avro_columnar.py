@@ -102,11 +102,15 @@ def column_kind(pg: PgType, avro_type: Any, names: dict[str, Any], namespace: st
 
 
 class Compiler:
-    """Turns a writer schema into :class:`Node` s, marking the envelope fields and the declared columns."""
+    """Turns a writer schema into :class:`Node` s, marking the envelope fields (of a value) and the declared
+    columns (in ``before`` and ``after`` of a value, at the top of a key)."""
 
-    def __init__(self, names: dict[str, Any], columns: tuple[tuple[str, PgType], ...]) -> None:
+    def __init__(self, names: dict[str, Any], columns: tuple[tuple[str, PgType], ...], *, key: bool = False) -> None:
         self.names = names
         self.columns = dict(columns)
+        self.envelope = not key
+        self.rows: tuple[tuple[str, ...], ...] = ((),) if key else (("before",), ("after",))
+        self.records = ((),) if key else ((), ("before",), ("after",), ("source",))
         self.readers: dict[str, ColumnReader] = {}
 
     def node(self, schema: Any, namespace: str, path: tuple[str, ...], depth: int = 0) -> Node:
@@ -122,34 +126,33 @@ class Compiler:
                 if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                     raise Unsupported("a record field without a name")
                 fields.append(self.node(entry.get("type"), namespace, self._child(path, entry, namespace), depth + 1))
-            return Node("record", path=path if path in (("before",), ("after",), ("source",)) else None, fields=fields)
+            return Node("record", path=path if path in self.records else None, fields=fields)
         if base in ("null", "boolean", "int", "long", "float", "double", "bytes", "string"):
             return Node(base, path=self._keep(path, base))
         if base == "fixed" and isinstance(info.get("size"), int):
             return Node("fixed", size=info["size"])
-        if base == "enum" and isinstance(info.get("symbols"), list) and path not in _ENVELOPE_LEAVES:
-            return Node("enum", size=len(info["symbols"]))  # a declared column of it is refused by column_kind
+        if base == "enum" and isinstance(info.get("symbols"), list) and self._keep(path, base) is None:
+            return Node("enum", size=len(info["symbols"]))
         raise Unsupported(f"Avro type {base or schema!r}")
 
     def _child(self, path: tuple[str, ...], entry: dict[str, Any], namespace: str) -> tuple[str, ...]:
         name = entry["name"]
-        if not path or path in (("before",), ("after",), ("source",)):
-            if path in (("before",), ("after",)) and name in self.columns:
-                pg = self.columns[name]
-                reader = column_kind(pg, entry.get("type"), self.names, namespace)
-                if self.readers.setdefault(name, reader) != reader:
-                    raise Unsupported(f"column '{name}' differs between before and after")
-            return (*path, name)
-        return ("",)  # deeper: nothing kept
+        if path not in self.records:
+            return ("",)  # deeper: nothing kept
+        if path in self.rows and name in self.columns:
+            reader = column_kind(self.columns[name], entry.get("type"), self.names, namespace)
+            if self.readers.setdefault(name, reader) != reader:
+                raise Unsupported(f"column '{name}' differs between before and after")
+        return (*path, name)
 
     def _keep(self, path: tuple[str, ...], base: str) -> tuple[str, ...] | None:
-        if base == "null":
+        if base == "null" or not path:
             return None
-        if path in _ENVELOPE_LEAVES:
+        if self.envelope and path in _ENVELOPE_LEAVES:
             if _ENVELOPE_LEAVES[path] != base:
                 raise Unsupported(f"envelope field {'.'.join(path)} is {base}")
             return path
-        if len(path) == 2 and path[0] in ("before", "after") and path[1] in self.columns:
+        if path[:-1] in self.rows and path[-1] in self.columns:
             return path
         return None
 
@@ -296,20 +299,24 @@ class Walk:
 
     def finish(self) -> None:
         """Bytes left over after the record make their message the row decoder's; a string that is not UTF-8
-        (fastavro refuses it) makes the batch the row decoder's (:class:`Unsupported`)."""
+        (fastavro refuses it) makes the batch the row decoder's (:class:`Unsupported`). Only strings with a byte
+        over 0x7f need a look (a running count of such bytes finds them)."""
         import numpy as np
         import pyarrow as pa
 
         self.bad |= self.pos != self.end
-        spans = [(starts, np.where(self.bad[rows], 0, lengths)) for rows, starts, lengths in self.strings]
-        if not spans:
+        high = self.buf >= 0x80
+        if not self.strings or not high.any():
             return
-        everything = np.concatenate([self._gather_index(starts, lengths) for starts, lengths in spans])
-        if not np.any(self.buf[everything] >= 0x80):  # ASCII: nothing to check
-            return
-        for starts, lengths in spans:
+        count = np.zeros(len(self.buf) + 1, np.int32)
+        np.cumsum(high, out=count[1:])
+        for rows, starts, lengths in self.strings:
+            lengths = np.where(self.bad[rows], 0, lengths)
+            suspect = count[starts + lengths] != count[starts]
+            if not suspect.any():
+                continue
             try:
-                self._binary(starts, lengths, None).cast(pa.string())
+                self._binary(starts[suspect], lengths[suspect], None).cast(pa.string())
             except pa.ArrowInvalid:
                 raise Unsupported("a string that is not UTF-8") from None
 
@@ -455,33 +462,89 @@ class ColumnarAvro:
     def _column(
         self, walk: Walk, name: str, reader: ColumnReader, is_delete: pa.Array, out_type: pa.DataType
     ) -> tuple[pa.Array | None, np.ndarray]:
+        """A declared column from ``before`` (deletes) or ``after`` (the rest), and the rows to redo."""
         import numpy as np
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        def by_op(before: pa.Array, after: pa.Array) -> pa.Array:
-            return pc.if_else(is_delete, before, after)
+        before, bad_before = raw_column(walk, ("before", name), reader)
+        after, bad_after = raw_column(walk, ("after", name), reader)
+        array, redo = converted_column(reader, pc.if_else(is_delete, before, after), out_type)
+        return array, redo | np.where(is_delete.to_numpy(zero_copy_only=False), bad_before, bad_after)
 
-        if reader.kind == "connect_decimal":
-            before, bad_before = walk.decimals(("before", name), reader)
-            after, bad_after = walk.decimals(("after", name), reader)
-            delete = is_delete.to_numpy(zero_copy_only=False)
-            return by_op(before, after), np.where(delete, bad_before, bad_after)
-        if reader.kind == "int":
-            values = by_op(walk.array(("before", name), pa.int64()), walk.array(("after", name), pa.int64()))
-            bound = reader.precision
-            if bound > 2**62:  # bigint: every Avro long fits
-                return values, np.zeros(len(values), bool)
-            fits = pc.and_(pc.greater_equal(values, -bound), pc.less(values, bound))
-            redo = ~pc.fill_null(fits, True).to_numpy(zero_copy_only=False)
-            return pc.if_else(fits, values, pa.scalar(None, pa.int64())).cast(out_type), redo
-        arrow_type = {"bool": pa.bool_(), "double": pa.float64()}.get(reader.kind, pa.string())
-        values = by_op(walk.array(("before", name), arrow_type), walk.array(("after", name), arrow_type))
-        if reader.kind == "double":
-            return values, np.zeros(len(values), bool)
-        converted = convert(reader, values)
-        if converted is None:
-            return None, np.zeros(0, bool)
-        array, bad = converted
-        redo = np.zeros(len(values), bool) if bad is None else bad.to_numpy(zero_copy_only=False)
-        return array.cast(out_type), redo
+
+def raw_column(walk: Walk, path: tuple[str, ...], reader: ColumnReader) -> tuple[pa.Array, np.ndarray]:
+    """A kept field as read (Connect decimals already as the column's decimal), and the rows to redo."""
+    import numpy as np
+    import pyarrow as pa
+
+    if reader.kind == "connect_decimal":
+        return walk.decimals(path, reader)
+    arrow_type = {"bool": pa.bool_(), "double": pa.float64(), "int": pa.int64()}.get(reader.kind, pa.string())
+    return walk.array(path, arrow_type), np.zeros(walk.n, bool)
+
+
+def converted_column(
+    reader: ColumnReader, values: pa.Array, out_type: pa.DataType
+) -> tuple[pa.Array | None, np.ndarray]:
+    """A column's values as the row decoder's converters give them (None: the batch is the row decoder's), and
+    the rows to redo."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    none = np.zeros(len(values), bool)
+    if reader.kind in ("connect_decimal", "double"):
+        return values, none
+    if reader.kind == "int":
+        bound = reader.precision
+        if bound > 2**62:  # bigint: every Avro long fits
+            return values.cast(out_type), none
+        fits = pc.and_(pc.greater_equal(values, -bound), pc.less(values, bound))
+        redo = ~pc.fill_null(fits, True).to_numpy(zero_copy_only=False)
+        return pc.if_else(fits, values, pa.scalar(None, pa.int64())).cast(out_type), redo
+    converted = convert(reader, values)
+    if converted is None:
+        return None, none
+    array, bad = converted
+    return array.cast(out_type), (none if bad is None else bad.to_numpy(zero_copy_only=False))
+
+
+class KeyColumns:
+    """The declared primary key read from a batch of Avro message keys of one writer schema: what a tombstone
+    (a delete of its key) needs."""
+
+    def __init__(self, columns: tuple[tuple[str, PgType], ...], writer: Any, names: dict[str, Any]) -> None:
+        """:class:`Unsupported` when the key schema or a key column is not for this path."""
+        self.columns = columns
+        compiler = Compiler(names, columns, key=True)
+        self.root = compiler.node(writer, "", ())
+        if self.root.kind != "record":
+            raise Unsupported("the key is not a record")
+        self.readers = [compiler.readers.get(name) for name, _ in columns]
+
+    def decode(
+        self, keys: pa.BinaryArray, header: int, bad: np.ndarray, out_types: list[pa.DataType]
+    ) -> tuple[list[pa.Array], pa.Array] | None:
+        """The key columns of ``keys`` and the rows to redo (a key column missing or null, a value the batch path
+        does not vouch for); None when the row decoder must read them all."""
+        import numpy as np
+        import pyarrow as pa
+
+        walk = Walk(keys, header, bad)
+        walk.read(self.root, np.arange(len(keys)))
+        try:
+            walk.finish()
+        except Unsupported:
+            return None
+        redo = walk.bad
+        arrays = []
+        for (name, _), reader, out_type in zip(self.columns, self.readers, out_types, strict=True):
+            if reader is None:
+                return None  # not in the key: every tombstone is skipped, which the row decoder says
+            values, bad_values = raw_column(walk, (name,), reader)
+            array, bad_array = converted_column(reader, values, out_type)
+            if array is None:
+                return None
+            redo = redo | bad_values | bad_array | ~array.is_valid().to_numpy(zero_copy_only=False)
+            arrays.append(array)
+        return arrays, pa.array(redo, pa.bool_())

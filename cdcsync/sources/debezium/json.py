@@ -192,7 +192,6 @@ class JsonPlan(RowPlan):
         """The batch's messages with a value decoded together, the rest (tombstones, the messages the batch path
         leaves to the row decoder) message by message, in input order; None to decode it all message by message."""
         assert self._columnar is not None
-        pa = self.pa
         import pyarrow.compute as pc
 
         value = batch.column(batch.schema.names.index("value"))
@@ -205,8 +204,8 @@ class JsonPlan(RowPlan):
         if schema is not None and self.spec.detect_schema_changes and self._schema_change(schema) is not None:
             return None
 
-        def kafka_micros() -> list[Any]:
-            return pa.array(self._kafka_micros(batch), pa.int64()).filter(present)
+        def kafka_micros() -> pa.Array:
+            return self.kafka_micros(batch).filter(present)
 
         columns = self._columnar.decode(payloads, len(changes), schema, kafka_micros)
         if columns is None:
