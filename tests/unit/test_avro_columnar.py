@@ -118,11 +118,12 @@ def registry() -> Iterator[None]:
         avro_registry._CLIENTS.pop(ACCESS, None)
 
 
-def spec_of(columns: dict[str, str], *, detect: bool = False) -> DecodeSpec:
+def spec_of(columns: dict[str, str], *, detect: bool = False, key: tuple[str, ...] | None = ("id",)) -> DecodeSpec:
+    """Declared columns; the primary key ``key``, or None: the message key's fields."""
     return DecodeSpec(
         "things",
         tuple((name, parse_pg_type(t)) for name, t in columns.items()),
-        ("id",),
+        key,
         format="avro",
         schema_registry=ACCESS,
         detect_schema_changes=detect,
@@ -238,12 +239,13 @@ def messages(draw: st.DrawFn, level: int) -> tuple[bytes | None, bytes | None]:
 BATCHES = st.sampled_from([0, 1, 1]).flatmap(lambda level: st.lists(messages(level), min_size=1, max_size=12))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(BATCHES)
+@pytest.mark.parametrize("key", [("id",), None], ids=["declared key", "key from the message key"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=BATCHES)
 def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does(
-    batch: list[tuple[bytes | None, bytes | None]],
+    key: tuple[str, ...] | None, batch: list[tuple[bytes | None, bytes | None]]
 ) -> None:
-    both_paths(spec_of(COLUMNS), kafka_batch(batch))
+    both_paths(spec_of(COLUMNS, key=key), kafka_batch(batch))
 
 
 def test_debezium_avro_batches_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,17 +254,18 @@ def test_debezium_avro_batches_take_the_batch_path(monkeypatch: pytest.MonkeyPat
     REGISTRY.add(workload.ORDERS_AVRO_VALUE_SCHEMA, 12)
     generated = workload.generate(2_000, 300, seed=7)
     batch = workload.to_kafka_batch(workload.to_avro(generated.events, 11, 12))
-    for detect in (False, True):
-        rows, took = both_paths(spec_of(dict(workload.ORDERS_COLUMNS), detect=detect), batch)
+    for detect, key in ((False, ("id",)), (True, ("id",)), (False, None)):
+        rows, took = both_paths(spec_of(dict(workload.ORDERS_COLUMNS), detect=detect, key=key), batch)
         assert took
         assert len(rows) == len(generated.events)
         assert not any(row["_dlq_reason"] for row in rows)
         assert {row["_cdc_op"] for row in rows} == {"c", "u", "d"}
         assert sum(row["_cdc_version"] is None for row in rows) == sum(e.value is None for e in generated.events)
     # Nothing went to the row decoder, not even the tombstones.
-    fast, _ = plans(spec_of(dict(workload.ORDERS_COLUMNS)))
-    monkeypatch.setattr(fast, "decode_rows", None)
-    assert fast.decode_batch(batch).num_rows == len(generated.events)
+    for key in (("id",), None):
+        fast, _ = plans(spec_of(dict(workload.ORDERS_COLUMNS), key=key))
+        monkeypatch.setattr(fast, "decode_rows", None)
+        assert fast.decode_batch(batch).num_rows == len(generated.events)
 
 
 def test_writer_schemas_and_columns_the_batch_path_leaves_to_the_row_decoder() -> None:
@@ -270,12 +273,14 @@ def test_writer_schemas_and_columns_the_batch_path_leaves_to_the_row_decoder() -
     source = {"version": "3", "ts_ms": 1, "snapshot": None, "sequence": '["1","2"]', "lsn": 2}
     raw = encode(2, {"before": None, "after": good, "source": source, "op": "c", "ts_ms": None})
     batch = kafka_batch([(None, raw)])
-    # A declared column whose Avro type this path does not convert (a float into numeric), and no declared key.
-    for spec in (
-        spec_of({**COLUMNS, "f": "numeric(10,2)"}),
-        DecodeSpec("things", spec_of(COLUMNS).columns, format="avro", schema_registry=ACCESS),
+    # A declared column whose Avro type this path does not convert (a float into numeric); no declared key and
+    # a message key field that is not a declared column (every message is a dead letter).
+    keyed = kafka_batch([(encode(1, {"id": 4}), raw)])
+    for spec, messages in (
+        (spec_of({**COLUMNS, "f": "numeric(10,2)"}), batch),
+        (spec_of({"v": "text"}, key=None), keyed),
     ):
-        _, took = both_paths(spec, batch)
+        _, took = both_paths(spec, messages)
         assert not took
     # A writer schema with an array; a string that is not UTF-8 (in a field nobody declared).
     with_array = envelope(False)

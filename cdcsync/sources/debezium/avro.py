@@ -158,10 +158,9 @@ class AvroPlan(RowPlan):
         self._values: dict[int, _Reader | str] = {}
         self._keys: dict[int, _Reader | str] = {}
         self._changes: dict[int, Report | None] = {}
-        # The batch path needs the key in the row: without a declared key every message's key is read.
-        self._batch_path = batch_path and self.pk_index is not None
+        self._batch_path = batch_path
         self._columnar: dict[int, ColumnarAvro | None] = {}
-        self._key_columnar: dict[int, KeyColumns | None] = {}
+        self._key_columnar: dict[int, tuple[list[int], KeyColumns] | None] = {}
         self.begin_task()
 
     def begin_task(self) -> None:
@@ -225,7 +224,8 @@ class AvroPlan(RowPlan):
     def _decode_columnar(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         """The messages written with the first message's writer schema decoded together, and the tombstones whose
         keys have the first tombstone's key schema; the rest (other schemas, what the batch path leaves to the
-        row decoder) message by message, in input order. None to decode it all message by message."""
+        row decoder) message by message, in input order. None to decode it all message by message. Without a
+        declared primary key, every message's key columns come from its message key, read the same way."""
         import pyarrow.compute as pc
 
         pa = self.pa
@@ -233,6 +233,7 @@ class AvroPlan(RowPlan):
             return None
         names = batch.schema.names
         value = batch.column(names.index("value"))
+        key = batch.column(names.index("key")) if "key" in names else pa.nulls(batch.num_rows, pa.binary())
         present = pc.is_valid(value)
         changes = pc.indices_nonzero(present)
         values = value.filter(present)
@@ -252,28 +253,36 @@ class AvroPlan(RowPlan):
         columns = columnar.decode(values, HEADER_BYTES, other, kafka_micros)
         if columns is None:
             return None
-        tombstones = self._tombstones(batch, present) if "key" in names else None
+        arrays, redo = columns.arrays, columns.redo
+        if self.pk_index is None:  # the message key's fields are the key columns, over the row's
+            keys = self._key_columns(key.filter(present))
+            if keys is None:
+                return None
+            for i, array in zip(*keys[:2], strict=True):
+                arrays[i] = array
+            redo = pc.or_(redo, keys[2])
+        tombstones = self._tombstones(batch, key, present)
         if tombstones is None:
-            return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
-        rows, arrays, redo = tombstones
+            return self.with_row_decoder(batch, changes, arrays, redo)
+        rows, more, more_redo = tombstones
         return self.with_row_decoder(
             batch,
             pa.concat_arrays([changes, rows]),
-            [pa.concat_arrays([a, b]) for a, b in zip(columns.arrays, arrays, strict=True)],
-            pa.concat_arrays([columns.redo, redo]),
+            [pa.concat_arrays([a, b]) for a, b in zip(arrays, more, strict=True)],
+            pa.concat_arrays([redo, more_redo]),
             ordered=False,
         )
 
     def _first_schema(self, messages: pa.Array, what: str) -> tuple[_Reader, Any] | None:
-        """The reader of the first message's writer schema, and which messages have another (or are not in the
-        wire format: the row decoder says why); None when the first has no usable one."""
+        """The reader of the first message's writer schema, and which messages have another, none, or are not in
+        the wire format (the row decoder says why); None when the first has no usable one."""
         import numpy as np
         import pyarrow.compute as pc
 
         pa = self.pa
-        if not len(messages) or messages.type != pa.binary():
+        if not messages.null_count < len(messages) or messages.type != pa.binary():
             return None
-        first = messages[0].as_py()
+        first = messages.drop_null()[0].as_py()
         if _wire_problem(first, what) is not None:
             return None
         reader = self._reader(first, what)  # an unreachable registry fails the task here, as it would later
@@ -283,38 +292,57 @@ class AvroPlan(RowPlan):
         same = pc.fill_null(pc.equal(heads, pa.scalar(first[:HEADER_BYTES], pa.binary())), False)
         return reader, np.invert(same.to_numpy(zero_copy_only=False))
 
-    def _tombstones(self, batch: pa.RecordBatch, present: pa.Array) -> tuple[pa.Array, list[pa.Array], pa.Array] | None:
+    def _key_columns(self, keys: pa.Array) -> tuple[list[int], list[pa.Array], pa.Array] | None:
+        """(output column of each key column, the key columns, the rows to redo) of Avro message keys of the first
+        key's writer schema: the declared primary key, or without one every field of the key; None to leave them
+        to the row decoder."""
+        found = self._first_schema(keys, "message key")
+        if found is None:
+            return None
+        reader, other = found
+        schema_id = reader.writer.schema_id
+        if schema_id not in self._key_columnar:
+            writer = reader.writer
+            if self.pk_index is not None:
+                chosen: list[int] | None = self.pk_index
+            else:
+                top = record_fields(writer.original, writer.names, "")
+                fields = list(top[0]) if top is not None else []
+                chosen = [self.index[f] for f in fields] if fields and all(f in self.index for f in fields) else None
+            try:
+                if chosen is None:
+                    raise Unsupported("the message key's fields are not declared columns")
+                columns = tuple(self.spec.columns[i] for i in chosen)
+                self._key_columnar[schema_id] = (chosen, KeyColumns(columns, writer.original, writer.names))
+            except Unsupported:
+                self._key_columnar[schema_id] = None
+        cached = self._key_columnar[schema_id]
+        if cached is None:
+            return None
+        chosen, columnar = cached
+        decoded = columnar.decode(keys, HEADER_BYTES, other, [self.row_types[i] for i in chosen])
+        return None if decoded is None else (chosen, *decoded)
+
+    def _tombstones(
+        self, batch: pa.RecordBatch, key: pa.Array, present: pa.Array
+    ) -> tuple[pa.Array, list[pa.Array], pa.Array] | None:
         """(input rows, output columns, rows to redo) of the batch's keyed tombstones, as
         :meth:`~cdcsync.sources.debezium.plan.RowPlan.decode_tombstone` makes them: a delete of the key, no
         version, the Kafka timestamp; None to leave them to it."""
         import pyarrow.compute as pc
 
         pa = self.pa
-        assert self.pk_index is not None
-        key = batch.column(batch.schema.names.index("key"))
         keyed = pc.and_(pc.invert(present), pc.is_valid(key))
         rows = pc.indices_nonzero(keyed)
-        found = self._first_schema(key.filter(keyed), "message key")
-        if found is None:
+        if not len(rows):
             return None
-        reader, other = found
-        schema_id = reader.writer.schema_id
-        if schema_id not in self._key_columnar:
-            pk = tuple(self.spec.columns[i] for i in self.pk_index)
-            try:
-                self._key_columnar[schema_id] = KeyColumns(pk, reader.writer.original, reader.writer.names)
-            except Unsupported:
-                self._key_columnar[schema_id] = None
-        columnar = self._key_columnar[schema_id]
-        if columnar is None:
-            return None
-        decoded = columnar.decode(key.filter(keyed), HEADER_BYTES, other, [self.row_types[i] for i in self.pk_index])
+        decoded = self._key_columns(key.filter(keyed))
         if decoded is None:
             return None
-        keys, redo = decoded
+        chosen, keys, redo = decoded
         count = len(rows)
         arrays = [pa.nulls(count, t) for t in self.row_types]
-        for i, array in zip(self.pk_index, keys, strict=True):
+        for i, array in zip(chosen, keys, strict=True):
             arrays[i] = array
         arrays[-3] = pa.array(["d"] * count, self.row_types[-3])
         arrays[-1] = self.kafka_micros(batch).take(rows).cast(self.row_types[-1])
@@ -324,10 +352,9 @@ class AvroPlan(RowPlan):
         """The batch path of a writer schema, once per schema id; None when it has none."""
         schema_id = reader.writer.schema_id
         if schema_id not in self._columnar:
-            assert self.pk_index is not None
             try:
                 found: ColumnarAvro | None = ColumnarAvro(
-                    self.spec.columns, self.pk_index, reader.writer.original, reader.writer.names, self.row_types
+                    self.spec.columns, self.pk_index or [], reader.writer.original, reader.writer.names, self.row_types
                 )
             except Unsupported:
                 found = None
