@@ -177,6 +177,19 @@ class Walk:
         self.strings: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.n = len(values)
 
+    @classmethod
+    def over(cls, root: Node, messages: pa.BinaryArray, header: int, bad: np.ndarray) -> Walk | None:
+        """``messages`` read through the compiled schema ``root``; None when a string is not UTF-8."""
+        import numpy as np
+
+        walk = cls(messages, header, bad)
+        walk.read(root, np.arange(len(messages)))
+        try:
+            walk.finish()
+        except Unsupported:
+            return None
+        return walk
+
     # ---- primitives ------------------------------------------------------------------------------------------
 
     def _advance(self, rows: np.ndarray, ok: np.ndarray, new: np.ndarray) -> None:
@@ -413,15 +426,11 @@ class ColumnarAvro:
     def decode(self, values: pa.BinaryArray, header: int, bad: np.ndarray, kafka_micros: Any) -> Columns | None:
         """The columns of ``values`` (Confluent wire format: ``header`` bytes, then the body), rows ``bad`` and any
         this path cannot vouch for in :attr:`Columns.redo`; None when the row decoder must decode them all."""
-        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        walk = Walk(values, header, bad)
-        walk.read(self.root, np.arange(len(values)))
-        try:
-            walk.finish()
-        except Unsupported:
+        walk = Walk.over(self.root, values, header, bad)
+        if walk is None:
             return None
         op = walk.array(("op",), pa.string())
         is_delete = pc.fill_null(pc.equal(op, "d"), False)
@@ -527,14 +536,10 @@ class KeyColumns:
     ) -> tuple[list[pa.Array], pa.Array] | None:
         """The key columns of ``keys`` and the rows to redo (a key column missing or null, a value the batch path
         does not vouch for); None when the row decoder must read them all."""
-        import numpy as np
         import pyarrow as pa
 
-        walk = Walk(keys, header, bad)
-        walk.read(self.root, np.arange(len(keys)))
-        try:
-            walk.finish()
-        except Unsupported:
+        walk = Walk.over(self.root, keys, header, bad)
+        if walk is None:
             return None
         redo = walk.bad
         arrays = []
