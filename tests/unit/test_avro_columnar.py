@@ -18,18 +18,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcsync.config.types import parse_pg_type
+from cdcsync.core.temporal import MAX_DATE_DAYS, MIN_DATE_DAYS, MIN_TIMESTAMP_MICROS
 from cdcsync.devstack import workload
 from cdcsync.sources.debezium import avro_registry
 from cdcsync.sources.debezium.avro import AvroPlan
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess, strip_logical_types
 from cdcsync.sources.debezium.spec import DecodeSpec
+from cdcsync.sources.debezium.temporal import DEBEZIUM_DATE_SENTINELS, PGJDBC_TIMESTAMP_SENTINELS
 from tests.unit.test_avro_decode import KEY_SCHEMA, FakeRegistry, connect, connect_decimal, opt, signed
 from tests.unit.test_debezium_columnar import COLUMNS as JSON_COLUMNS
 from tests.unit.test_debezium_columnar import kafka_batch, same_output
 
 pytestmark = pytest.mark.unit
 
-COLUMNS = {**JSON_COLUMNS, "d": "double precision"}
+COLUMNS = {
+    **JSON_COLUMNS,
+    "d": "double precision",
+    "dt": "date",
+    "ts": "timestamp",
+    "tm": "timestamp(3)",
+    "tl": "timestamp",
+    "tn": "timestamptz",
+}
 ZONED = connect("string", "io.debezium.time.ZonedTimestamp")
 ROW_FIELDS: list[tuple[str, Any]] = [
     ("id", opt("long")),
@@ -41,6 +51,11 @@ ROW_FIELDS: list[tuple[str, Any]] = [
     ("n", opt(connect_decimal(2))),
     ("z", opt(ZONED)),
     ("d", opt("double")),
+    ("dt", opt(connect("int", "io.debezium.time.Date"))),
+    ("ts", opt(connect("long", "io.debezium.time.MicroTimestamp"))),
+    ("tm", opt(connect("long", "io.debezium.time.MicroTimestamp"))),
+    ("tl", opt(connect("long", "org.apache.kafka.connect.data.Timestamp", logicalType="timestamp-millis"))),
+    ("tn", opt(connect("long", "io.debezium.time.NanoTimestamp"))),
     # Not declared: read past, never kept.
     ("f", opt("float")),
     ("e", opt({"type": "enum", "name": "Colour", "symbols": ["RED", "GREEN"]})),
@@ -149,6 +164,8 @@ def pick(level: int, good: st.SearchStrategy[Any], odd: list[Any]) -> st.SearchS
 
 
 TEXTS = st.text(max_size=6)
+ODD_DAYS = [MIN_DATE_DAYS, MIN_DATE_DAYS - 1, MAX_DATE_DAYS, MAX_DATE_DAYS + 1, *DEBEZIUM_DATE_SENTINELS]
+ODD_MICROS = [2**63 - 1, -(2**63), MIN_TIMESTAMP_MICROS, MIN_TIMESTAMP_MICROS - 1, *PGJDBC_TIMESTAMP_SENTINELS]
 TIMESTAMPS = st.datetimes().map(lambda d: d.isoformat(timespec="microseconds") + "Z")
 ODD_TIMESTAMPS = ["2024-01-01T00:00:00.1234567Z", "0000-01-01T00:00:00Z", "2024-01-01T00:00:00+02:00", "x"]
 ODD_TIMESTAMPS += ["2024-02-30T00:00:00Z", "infinity", "10000-01-01T00:00:00Z", "2024-01-01T24:00:00Z"]
@@ -174,6 +191,15 @@ def rows(draw: st.DrawFn, level: int) -> dict[str, Any]:
         "n": draw(pick(level, st.one_of(st.none(), DECIMALS), ODD_DECIMALS)),
         "z": draw(pick(level, st.one_of(st.none(), TIMESTAMPS), ODD_TIMESTAMPS)),
         "d": draw(st.one_of(st.none(), st.floats(allow_nan=False))),
+        "dt": draw(pick(level, st.one_of(st.none(), st.integers(-(10**6), 3 * 10**6)), ODD_DAYS)),
+        "ts": draw(pick(level, st.one_of(st.none(), st.integers(-(2**62), 2**62)), ODD_MICROS)),
+        "tm": draw(
+            st.one_of(
+                st.none(), st.integers(-(10**15), 10**15).map(lambda m: m * 1000), st.integers(-(2**63), 2**63 - 1)
+            )
+        ),
+        "tl": draw(pick(level, st.one_of(st.none(), st.integers(-(2**50), 2**50)), ODD_MICROS)),
+        "tn": draw(pick(level, st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), ODD_MICROS)),
         "f": draw(st.one_of(st.none(), st.floats(width=32))),
         "e": draw(st.sampled_from([None, "RED", "GREEN"])),
         "x": draw(st.sampled_from([None, b"abc"])),

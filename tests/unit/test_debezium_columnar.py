@@ -82,8 +82,15 @@ def same_output(fast: RowPlan, slow: RowPlan, batch: pa.RecordBatch) -> list[dic
 
 
 def comparable(batch: pa.RecordBatch) -> list[dict[str, Any]]:
-    """The rows, timestamps as integers (a row may hold one outside Python's years)."""
-    columns = [column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column for column in batch.columns]
+    """The rows, dates and timestamps as integers (a row may hold one outside Python's years)."""
+    columns = [
+        column.cast(pa.int64())
+        if pa.types.is_timestamp(column.type)
+        else column.cast(pa.int32())
+        if pa.types.is_date32(column.type)
+        else column
+        for column in batch.columns
+    ]
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pylist()
 
 

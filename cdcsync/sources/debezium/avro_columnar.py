@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.types import PgType
+from cdcsync.core.temporal import MAX_DATE_DAYS, MIN_DATE_DAYS, MIN_TIMESTAMP_MICROS, TIMESTAMP_POSITIVE_INFINITY
 from cdcsync.sources.debezium.avro_schema import avro_annotations, resolve
-from cdcsync.sources.debezium.avro_values import decimal_scale
+from cdcsync.sources.debezium.avro_values import decimal_scale, integer_unit
 from cdcsync.sources.debezium.columnar import ColumnReader, Columns, convert, timestamps, versions
+from cdcsync.sources.debezium.temporal import DEBEZIUM_DATE_SENTINELS, PGJDBC_TIMESTAMP_SENTINELS
 from cdcsync.sources.debezium.values import INT_RANGES
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ _ENVELOPE_LEAVES = {
 }
 """The envelope fields the batch path reads, with the Avro type each must have (else the row decoder's)."""
 _FIXED_SIZES = {"boolean": 1, "float": 4, "double": 8}
+_TIMESTAMPS = ("timestamp without time zone", "timestamp with time zone")
 
 
 class Unsupported(Exception):
@@ -83,7 +86,7 @@ def column_kind(pg: PgType, avro_type: Any, names: dict[str, Any], namespace: st
         if len(live) != 1:
             raise Unsupported("a union of several types")  # the translator decides by value
         resolved, namespace = resolve(live[0], names, namespace)
-    base, _, info = avro_annotations(resolved)
+    base, logical, info = avro_annotations(resolved)
     if pg.name in INT_RANGES and base in ("int", "long"):
         return ColumnReader("int", precision=INT_RANGES[pg.name])
     if pg.name in ("text", "character varying") and not pg.args and base == "string":
@@ -94,6 +97,12 @@ def column_kind(pg: PgType, avro_type: Any, names: dict[str, Any], namespace: st
         return ColumnReader("double")
     if pg.name == "timestamp with time zone" and pg.fraction_digits == 6 and base == "string":
         return ColumnReader("utc_timestamp")
+    if pg.name == "date" and base in ("int", "long") and integer_unit(pg, logical) == 1:
+        return ColumnReader("date")
+    if pg.name in _TIMESTAMPS and base in ("int", "long"):
+        unit = integer_unit(pg, logical)
+        assert unit is not None
+        return ColumnReader("epoch_timestamp", precision=10 ** (6 - pg.fraction_digits), unit=unit)
     if pg.name == "numeric" and pg.args and pg.spark_type.startswith("decimal") and base == "bytes":
         precision, scale = pg.args[0], (pg.args[1] if len(pg.args) > 1 else 0)
         if decimal_scale(info) == scale:
@@ -488,7 +497,8 @@ def raw_column(walk: Walk, path: tuple[str, ...], reader: ColumnReader) -> tuple
 
     if reader.kind == "connect_decimal":
         return walk.decimals(path, reader)
-    arrow_type = {"bool": pa.bool_(), "double": pa.float64(), "int": pa.int64()}.get(reader.kind, pa.string())
+    integral = reader.kind in ("int", "date", "epoch_timestamp")
+    arrow_type = pa.int64() if integral else {"bool": pa.bool_(), "double": pa.float64()}.get(reader.kind, pa.string())
     return walk.array(path, arrow_type), np.zeros(walk.n, bool)
 
 
@@ -511,11 +521,44 @@ def converted_column(
         fits = pc.and_(pc.greater_equal(values, -bound), pc.less(values, bound))
         redo = ~pc.fill_null(fits, True).to_numpy(zero_copy_only=False)
         return pc.if_else(fits, values, pa.scalar(None, pa.int64())).cast(out_type), redo
+    if reader.kind in ("date", "epoch_timestamp"):
+        return epoch_column(reader, values, out_type)
     converted = convert(reader, values)
     if converted is None:
         return None, none
     array, bad = converted
     return array.cast(out_type), (none if bad is None else bad.to_numpy(zero_copy_only=False))
+
+
+def epoch_column(reader: ColumnReader, values: pa.Array, out_type: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """Epoch days (``date``) or an integer timestamp scaled to microseconds, as the temporal converters read them
+    (:mod:`cdcsync.sources.debezium.temporal`); Debezium's and pgjdbc's infinity sentinels, values out of
+    Postgres' range and digits finer than the column keeps are the row decoder's."""
+    import numpy as np
+    import pyarrow as pa
+
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    raw = values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if reader.kind == "date":
+        low, high, sentinels = MIN_DATE_DAYS, MAX_DATE_DAYS, DEBEZIUM_DATE_SENTINELS
+        scaled = raw
+        fits = (raw >= low) & (raw <= high)
+    else:
+        low, high, sentinels = MIN_TIMESTAMP_MICROS, TIMESTAMP_POSITIVE_INFINITY - 1, PGJDBC_TIMESTAMP_SENTINELS
+        unit = reader.unit
+        if unit > 0:  # scaled by multiplying: only values that cannot overflow, the rest are out of range anyway
+            fits = (raw >= -(-low // unit)) & (raw <= high // unit)
+            scaled = np.where(fits, raw, 0) * unit
+        else:
+            scaled = np.floor_divide(raw, -unit)
+            fits = (scaled >= low) & (scaled <= high)
+        fits &= scaled % reader.precision == 0
+    redo = valid & ~(fits & ~np.isin(scaled, np.array(sorted(sentinels), np.int64)))
+    keep = valid & ~redo
+    array = pa.array(np.where(keep, scaled, 0), pa.int64(), mask=~keep)
+    if reader.kind == "date":
+        return array.cast(pa.int32()).cast(out_type), redo
+    return array.cast(out_type), redo
 
 
 class KeyColumns:

@@ -232,6 +232,19 @@ def _by_value(pg: PgType) -> Translate:
     return translate
 
 
+def integer_unit(pg: PgType, logical: str | None) -> int | None:
+    """What an Avro int or long with this logical type is scaled by for column ``pg`` (:func:`scale_int`'s unit;
+    1: taken as it is), or None for a date column from a timestamp (its day: divided, not scaled)."""
+    kind = pg.name
+    if kind in _TIMESTAMP_KINDS:
+        return _AVRO_TIMESTAMP_UNITS.get(logical or "", 1)
+    if kind == "time without time zone":
+        return _AVRO_TIME_UNITS.get(logical or "", 1)
+    if kind == "date" and logical in _AVRO_TIMESTAMP_UNITS and _AVRO_TIMESTAMP_UNITS[logical] != US_PER_DAY:
+        return None
+    return 1
+
+
 def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -> Translate | None:
     """How a value of Avro type ``schema`` becomes input for the converter of ``pg`` (None: as it is)."""
     schema, namespace = resolve(schema, names, namespace)
@@ -269,15 +282,10 @@ def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -
         jsonable = _jsonable_for(schema, names, namespace)
         return lambda value: _json_text(jsonable(value))
     if base in ("int", "long"):
-        if kind in _TIMESTAMP_KINDS:
-            unit = _AVRO_TIMESTAMP_UNITS.get(logical or "", 1)
-        elif kind == "time without time zone":
-            unit = _AVRO_TIME_UNITS.get(logical or "", 1)
-        elif kind == "date" and logical in _AVRO_TIMESTAMP_UNITS and _AVRO_TIMESTAMP_UNITS[logical] != US_PER_DAY:
-            micros_per = _AVRO_TIMESTAMP_UNITS[logical]
+        unit = integer_unit(pg, logical)
+        if unit is None:  # a timestamp into a date column: its day
+            micros_per = _AVRO_TIMESTAMP_UNITS[logical or ""]
             return lambda value: scale_int(value, micros_per) // US_PER_DAY if type(value) is int else value
-        else:
-            unit = 1
         return None if unit == 1 else _scaled(unit)
     if base in ("float", "double"):
         if kind in _INTEGRAL_KINDS:

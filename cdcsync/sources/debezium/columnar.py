@@ -44,11 +44,15 @@ _FIRST_SEQUENCE_RE = r'^\[null,"(?P<lsn>[0-9]{1,20})"\]$'
 class ColumnReader:
     """How one column is read: ``kind`` is ``int``, ``text``, ``bool``, ``decimal`` (a JSON number or decimal
     string), ``connect_decimal`` (unscaled bytes at the column's scale: base64 in JSON) or ``utc_timestamp``;
-    Avro (:mod:`cdcsync.sources.debezium.avro_columnar`) also has ``double``."""
+    Avro (:mod:`cdcsync.sources.debezium.avro_columnar`) also has ``double``, ``date`` (epoch days) and
+    ``epoch_timestamp`` (an integer since the epoch, in ``unit``)."""
 
     kind: str
     precision: int = 0
     scale: int = 0
+    unit: int = 1
+    """Avro ``date`` / ``epoch_timestamp``: what the value is scaled by (:func:`~.values.scale_int`'s unit); for
+    ``epoch_timestamp`` ``precision`` is the step (µs) the column's precision allows."""
 
     def json_type(self) -> pa.DataType:
         """What Arrow's JSON reader is asked to read (it fails the batch on anything else)."""

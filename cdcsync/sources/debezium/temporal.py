@@ -66,6 +66,10 @@ _PGJDBC_TIMESTAMP_INFINITIES = {
     9_223_372_036_825_200_000: TIMESTAMP_POSITIVE_INFINITY,  # pgjdbc's PGStatement.DATE_POSITIVE_INFINITY
     -9_223_372_036_832_400_000: TIMESTAMP_NEGATIVE_INFINITY,
 }
+DEBEZIUM_DATE_SENTINELS = frozenset(_DEBEZIUM_DATE_INFINITIES)
+"""Epoch days Debezium writes for the date infinities (the converter maps them; batch paths leave them to it)."""
+PGJDBC_TIMESTAMP_SENTINELS = frozenset(_PGJDBC_TIMESTAMP_INFINITIES)
+"""Epoch microseconds pgjdbc gives for the timestamp infinities (likewise)."""
 _INFINITY_WORDS = {"infinity": 1, "+infinity": 1, "-infinity": -1}
 _OUT_OF_DATES = "out of range for date (Postgres' dates run from 4714-11-24 BC to 5874897-12-31)"
 
