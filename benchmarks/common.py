@@ -92,7 +92,9 @@ def machine_line() -> str:
     )
 
 
-def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -> Settings:
+def prepare_pipeline(
+    pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, schema_registry_url: str | None = None
+) -> Settings:
     """Settings for one benchmark pipeline (own state and migrations), with its migrations applied to ``dsn``."""
     import psycopg
 
@@ -105,6 +107,7 @@ def prepare_pipeline(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str) -
         kafka__bootstrap_servers=bootstrap,
         state_dir=root / pipeline.name / "state",
         migrations_dir=root / pipeline.name / "migrations",
+        schema_registry__url=schema_registry_url,
     )
     migrations.init(POSTGRES, pipeline, settings.migrations_dir)
     with psycopg.connect(dsn) as conn:

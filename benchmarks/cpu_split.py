@@ -1,5 +1,6 @@
 """CPU seconds per 1M changes, split by process: ``python benchmarks/cpu_split.py [--changes N --keys K]
-[--wrapped] [--runs R]`` (as root, on a Linux host with the cgroup v1 ``cpuacct`` controller).
+[--wrapped | --avro --schema-registry-url URL] [--runs R]`` (as root, on a Linux host with the cgroup v1
+``cpuacct`` controller).
 
 On a shared machine wall-clock figures say more about the neighbours than about cdcsync; CPU seconds of the
 processes that do the work say less about them. So this benchmark:
@@ -9,7 +10,8 @@ processes that do the work say less about them. So this benchmark:
    (Postgres backends included) is counted there;
 2. moves itself into a third cgroup, so that the Spark driver JVM and the executors' Python workers it starts are
    counted there;
-3. produces the changes of ``make bench`` (bare JSON, or ``--wrapped``: JsonConverter's schema+payload) into a
+3. produces the changes of ``make bench`` (bare JSON, or ``--wrapped``: JsonConverter's schema+payload, or
+   ``--avro``: AvroConverter's wire format, schemas registered in the registry at ``--schema-registry-url``) into a
    fresh 4-partition topic, starts one Spark session, then ``--runs`` times mirrors the topic into a fresh database
    ``--available-now`` and checks the mirror against the expected state;
 4. prints, per run, the CPU seconds scaled to 1M changes of: the driver JVM (``/proc`` of that process), the driver
@@ -74,10 +76,14 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=40_000)
     parser.add_argument("--wrapped", action="store_true", help="JsonConverter schema+payload messages")
+    parser.add_argument("--avro", action="store_true", help="AvroConverter messages (needs --schema-registry-url)")
+    parser.add_argument("--schema-registry-url", help="a running Confluent-compatible registry, for --avro")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--state-dir", type=Path, default=Path(tempfile.gettempdir()) / "cdcsync-cpu-split")
     parser.add_argument("--down", action="store_true", help="stop the services this benchmark started")
     args = parser.parse_args()
+    if args.avro and not args.schema_registry_url:
+        parser.error("--avro needs --schema-registry-url")
 
     from cdcsync.devstack.common import DevStackConfig
     from cdcsync.devstack.kafka import KafkaBroker
@@ -109,7 +115,10 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
 
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=args.wrapped)
     topic = f"cpu.public.orders_{uuid.uuid4().hex[:8]}"
-    workload.produce(bootstrap, topic, load.events, partitions=4)
+    events = load.events
+    if args.avro:
+        events = workload.to_avro(events, *workload.register_avro_schemas(args.schema_registry_url, topic))
+    workload.produce(bootstrap, topic, events, partitions=4)
     root = Path(tempfile.mkdtemp(prefix="cdcsync-cpu-split-"))
     spark = build_spark_session(load_settings(kafka__bootstrap_servers=bootstrap, state_dir=root / "spark"), "cpu")
     jvm = _driver_jvm()
@@ -117,12 +126,15 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
     quoted = ", ".join(f'"{c}"' for c in columns)
     scale = 1e6 / args.changes
     print(machine_line())
-    print(f"{args.changes:,} changes over {args.keys:,} keys, {'wrapped' if args.wrapped else 'bare'} JSON")
+    shape = "Avro" if args.avro else ("wrapped JSON" if args.wrapped else "bare JSON")
+    print(f"{args.changes:,} changes over {args.keys:,} keys, {shape}")
     print("CPU s per 1M changes    total     JVM  workers  driver  postgres   kafka    wall (s)  load")
     try:
         for n in range(args.runs):
             dsn = fresh_database(admin_dsn, "cpu")
             source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(load.columns)}
+            if args.avro:
+                source["format"] = "avro"
             pipeline = validate_pipeline_dict(
                 {
                     "name": f"cpu_{n}",
@@ -130,7 +142,7 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
                     "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
                 }
             )
-            settings = prepare_pipeline(pipeline, root, dsn, bootstrap)
+            settings = prepare_pipeline(pipeline, root, dsn, bootstrap, args.schema_registry_url)
             before = {group: _usage(group) for group in GROUPS}
             jvm_before, driver_before = _process_cpu(jvm), _process_cpu(os.getpid())
             started = time.perf_counter()

@@ -18,11 +18,13 @@ written for it, then :class:`~cdcsync.sources.debezium.plan.RowPlan`'s generated
 
 from __future__ import annotations
 
+import re
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import DecodeError
 from cdcsync.core.reports import Report, ReportedFailure, service_unavailable
+from cdcsync.sources.debezium.avro_columnar import ColumnarAvro, KeyColumns, Unsupported
 from cdcsync.sources.debezium.avro_registry import (
     MAX_REASON,
     NotFound,
@@ -39,9 +41,12 @@ from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.values import Ctx, Reject, Reparse
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from cdcsync.sources.debezium.spec import DecodeSpec
 
 WIRE_MAGIC = 0
+_OBJECT_ADDRESS = re.compile(r"<[\w.]+ object at 0x[0-9a-f]+>")
 HEADER_BYTES = 5
 
 
@@ -134,7 +139,8 @@ class AvroPlan(RowPlan):
     Cached per spec and executor process like the JSON plan; the per-task state (``begin_task``) makes one task
     wait for an unreachable registry at most once and ask again about unknown ids in the next task only."""
 
-    def __init__(self, spec: DecodeSpec) -> None:
+    def __init__(self, spec: DecodeSpec, *, batch_path: bool = True) -> None:
+        """``batch_path=False`` decodes every message on its own (the tests compare the two paths)."""
         if spec.schema_registry is None:
             raise DecodeError(
                 f"source '{spec.source_id}': format avro needs a schema registry",
@@ -152,6 +158,9 @@ class AvroPlan(RowPlan):
         self._values: dict[int, _Reader | str] = {}
         self._keys: dict[int, _Reader | str] = {}
         self._changes: dict[int, Report | None] = {}
+        self._batch_path = batch_path
+        self._columnar: dict[int, ColumnarAvro | None] = {}
+        self._key_columnar: dict[int, tuple[list[int], KeyColumns] | None] = {}
         self.begin_task()
 
     def begin_task(self) -> None:
@@ -191,7 +200,10 @@ class AvroPlan(RowPlan):
         try:
             return reader.read(raw), reader, None
         except Exception as error:
-            detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            # fastavro names the stream object (a memory address): the same message must give the same reason
+            detail = _OBJECT_ADDRESS.sub(
+                "the message", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            )
             return (
                 None,
                 None,
@@ -200,6 +212,154 @@ class AvroPlan(RowPlan):
                     f"({reader.writer.name}): {detail}"
                 )[:MAX_REASON],
             )
+
+    # ---- a whole batch ---------------------------------------------------------------------------------------
+
+    def _decode_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch path (:mod:`~cdcsync.sources.debezium.avro_columnar`) where it applies, else message by
+        message."""
+        decoded = self._decode_columnar(batch)
+        return decoded if decoded is not None else super()._decode_batch(batch)
+
+    def _decode_columnar(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """The messages written with the first message's writer schema decoded together, and the tombstones whose
+        keys have the first tombstone's key schema; the rest (other schemas, what the batch path leaves to the
+        row decoder) message by message, in input order. None to decode it all message by message. Without a
+        declared primary key, every message's key columns come from its message key, read the same way."""
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        if not self._batch_path:
+            return None
+        names = batch.schema.names
+        value = batch.column(names.index("value"))
+        key = batch.column(names.index("key")) if "key" in names else pa.nulls(batch.num_rows, pa.binary())
+        present = pc.is_valid(value)
+        changes = pc.indices_nonzero(present)
+        values = value.filter(present)
+        found = self._first_schema(values, "value")
+        if found is None:
+            return None
+        reader, other = found
+        if self.spec.detect_schema_changes and self._writer_schema_change(reader.writer) is not None:
+            return None
+        columnar = self._columnar_for(reader)
+        if columnar is None:
+            return None
+
+        def kafka_micros() -> Any:
+            return self.kafka_micros(batch).filter(present)
+
+        columns = columnar.decode(values, HEADER_BYTES, other, kafka_micros)
+        if columns is None:
+            return None
+        arrays, redo = columns.arrays, columns.redo
+        if self.pk_index is None:  # the message key's fields are the key columns, over the row's
+            keys = self._key_columns(key.filter(present))
+            if keys is None:
+                return None
+            for i, array in zip(*keys[:2], strict=True):
+                arrays[i] = array
+            redo = pc.or_(redo, keys[2])
+        tombstones = self._tombstones(batch, key, present)
+        if tombstones is None:
+            return self.with_row_decoder(batch, changes, arrays, redo)
+        rows, more, more_redo = tombstones
+        return self.with_row_decoder(
+            batch,
+            pa.concat_arrays([changes, rows]),
+            [pa.concat_arrays([a, b]) for a, b in zip(arrays, more, strict=True)],
+            pa.concat_arrays([redo, more_redo]),
+            ordered=False,
+        )
+
+    def _first_schema(self, messages: pa.Array, what: str) -> tuple[_Reader, Any] | None:
+        """The reader of the first message's writer schema, and which messages have another, none, or are not in
+        the wire format (the row decoder says why); None when the first has no usable one."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        if not messages.null_count < len(messages) or messages.type != pa.binary():
+            return None
+        first = messages.drop_null()[0].as_py()
+        if _wire_problem(first, what) is not None:
+            return None
+        reader = self._reader(first, what)  # an unreachable registry fails the task here, as it would later
+        if isinstance(reader, str):
+            return None
+        heads = pc.binary_slice(messages, 0, HEADER_BYTES)
+        same = pc.fill_null(pc.equal(heads, pa.scalar(first[:HEADER_BYTES], pa.binary())), False)
+        return reader, np.invert(same.to_numpy(zero_copy_only=False))
+
+    def _key_columns(self, keys: pa.Array) -> tuple[list[int], list[pa.Array], pa.Array] | None:
+        """(output column of each key column, the key columns, the rows to redo) of Avro message keys of the first
+        key's writer schema: the declared primary key, or without one every field of the key; None to leave them
+        to the row decoder."""
+        found = self._first_schema(keys, "message key")
+        if found is None:
+            return None
+        reader, other = found
+        schema_id = reader.writer.schema_id
+        if schema_id not in self._key_columnar:
+            writer = reader.writer
+            if self.pk_index is not None:
+                chosen: list[int] | None = self.pk_index
+            else:
+                top = record_fields(writer.original, writer.names, "")
+                fields = list(top[0]) if top is not None else []
+                chosen = [self.index[f] for f in fields] if fields and all(f in self.index for f in fields) else None
+            try:
+                if chosen is None:
+                    raise Unsupported("the message key's fields are not declared columns")
+                columns = tuple(self.spec.columns[i] for i in chosen)
+                self._key_columnar[schema_id] = (chosen, KeyColumns(columns, writer.original, writer.names))
+            except Unsupported:
+                self._key_columnar[schema_id] = None
+        cached = self._key_columnar[schema_id]
+        if cached is None:
+            return None
+        chosen, columnar = cached
+        decoded = columnar.decode(keys, HEADER_BYTES, other, [self.row_types[i] for i in chosen])
+        return None if decoded is None else (chosen, *decoded)
+
+    def _tombstones(
+        self, batch: pa.RecordBatch, key: pa.Array, present: pa.Array
+    ) -> tuple[pa.Array, list[pa.Array], pa.Array] | None:
+        """(input rows, output columns, rows to redo) of the batch's keyed tombstones, as
+        :meth:`~cdcsync.sources.debezium.plan.RowPlan.decode_tombstone` makes them: a delete of the key, no
+        version, the Kafka timestamp; None to leave them to it."""
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        keyed = pc.and_(pc.invert(present), pc.is_valid(key))
+        rows = pc.indices_nonzero(keyed)
+        if not len(rows):
+            return None
+        decoded = self._key_columns(key.filter(keyed))
+        if decoded is None:
+            return None
+        chosen, keys, redo = decoded
+        count = len(rows)
+        arrays = [pa.nulls(count, t) for t in self.row_types]
+        for i, array in zip(chosen, keys, strict=True):
+            arrays[i] = array
+        arrays[-3] = pa.array(["d"] * count, self.row_types[-3])
+        arrays[-1] = self.kafka_micros(batch).take(rows).cast(self.row_types[-1])
+        return rows, arrays, redo
+
+    def _columnar_for(self, reader: _Reader) -> ColumnarAvro | None:
+        """The batch path of a writer schema, once per schema id; None when it has none."""
+        schema_id = reader.writer.schema_id
+        if schema_id not in self._columnar:
+            try:
+                found: ColumnarAvro | None = ColumnarAvro(
+                    self.spec.columns, self.pk_index or [], reader.writer.original, reader.writer.names, self.row_types
+                )
+            except Unsupported:
+                found = None
+            self._columnar[schema_id] = found
+        return self._columnar[schema_id]
 
     # ---- one message -----------------------------------------------------------------------------------------
 

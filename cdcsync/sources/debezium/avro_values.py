@@ -123,7 +123,7 @@ def _plain_jsonable(value: Any) -> Any:
     return value
 
 
-def _decimal_scale(info: dict[str, Any]) -> int | None:
+def decimal_scale(info: dict[str, Any]) -> int | None:
     """The scale of a Connect ``Decimal`` / Avro ``decimal`` (bytes or fixed), else None."""
     if info.get("connect.name") != DEBEZIUM_DECIMAL and info.get("logicalType") != "decimal":
         return None
@@ -149,7 +149,7 @@ def _jsonable_for(schema: Any, names: dict[str, Any], namespace: str) -> Transla
         return _jsonable_for(live[0], names, namespace)
     base, logical, info = avro_annotations(schema)
     if base in ("bytes", "fixed"):
-        scale = _decimal_scale(info)
+        scale = decimal_scale(info)
         return _base64 if scale is None else _decimal_bytes(scale)
     if logical == VARIABLE_SCALE_DECIMAL:
         return _variable_scale_decimal
@@ -245,6 +245,19 @@ def _by_value(pg: PgType) -> Translate:
     return translate
 
 
+def integer_unit(pg: PgType, logical: str | None) -> int | None:
+    """What an Avro int or long with this logical type is scaled by for column ``pg`` (:func:`scale_int`'s unit;
+    1: taken as it is), or None for a date column from a timestamp (its day: divided, not scaled)."""
+    kind = pg.name
+    if kind in _TIMESTAMP_KINDS:
+        return _AVRO_TIMESTAMP_UNITS.get(logical or "", 1)
+    if kind == "time without time zone":
+        return _AVRO_TIME_UNITS.get(logical or "", 1)
+    if kind == "date" and logical in _AVRO_TIMESTAMP_UNITS and _AVRO_TIMESTAMP_UNITS[logical] != US_PER_DAY:
+        return None
+    return 1
+
+
 def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -> Translate | None:
     """How a value of Avro type ``schema`` becomes input for the converter of ``pg`` (None: as it is)."""
     schema, namespace = resolve(schema, names, namespace)
@@ -258,7 +271,7 @@ def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -
     base, logical, info = avro_annotations(schema)
     kind = pg.name
     if base in ("bytes", "fixed"):
-        scale = _decimal_scale(info)
+        scale = decimal_scale(info)
         if scale is not None:
             return _integral_decimal(scale, pg) if kind in INT_RANGES else _decimal_bytes(scale)
         if kind == "bytea":
@@ -282,17 +295,13 @@ def translator(schema: Any, pg: PgType, names: dict[str, Any], namespace: str) -
         jsonable = _jsonable_for(schema, names, namespace)
         return lambda value: _json_text(jsonable(value))
     if base in ("int", "long"):
-        if kind in _TIMESTAMP_KINDS:
-            unit = _AVRO_TIMESTAMP_UNITS.get(logical or "", 1)
-            return None if unit == 1 else _scaled_timestamp(unit)
-        if kind == "time without time zone":
-            unit = _AVRO_TIME_UNITS.get(logical or "", 1)
-        elif kind == "date" and logical in _AVRO_TIMESTAMP_UNITS and _AVRO_TIMESTAMP_UNITS[logical] != US_PER_DAY:
-            micros_per = _AVRO_TIMESTAMP_UNITS[logical]
+        unit = integer_unit(pg, logical)
+        if unit is None:  # a timestamp into a date column: its day
+            micros_per = _AVRO_TIMESTAMP_UNITS[logical or ""]
             return lambda value: scale_int(value, micros_per) // US_PER_DAY if type(value) is int else value
-        else:
-            unit = 1
-        return None if unit == 1 else _scaled(unit)
+        if unit == 1:
+            return None
+        return _scaled_timestamp(unit) if kind in _TIMESTAMP_KINDS else _scaled(unit)
     if base in ("float", "double"):
         if kind in _INTEGRAL_KINDS:
             return _not_integral(pg)

@@ -43,11 +43,16 @@ _FIRST_SEQUENCE_RE = r'^\[null,"(?P<lsn>[0-9]{1,20})"\]$'
 @dataclass(frozen=True)
 class ColumnReader:
     """How one column is read: ``kind`` is ``int``, ``text``, ``bool``, ``decimal`` (a JSON number or decimal
-    string), ``connect_decimal`` (base64 unscaled bytes at the column's scale) or ``utc_timestamp``."""
+    string), ``connect_decimal`` (unscaled bytes at the column's scale: base64 in JSON) or ``utc_timestamp``;
+    Avro (:mod:`cdcsync.sources.debezium.avro_columnar`) also has ``double``, ``date`` (epoch days) and
+    ``epoch_timestamp`` (an integer since the epoch, in ``unit``)."""
 
     kind: str
     precision: int = 0
     scale: int = 0
+    unit: int = 1
+    """Avro ``date`` / ``epoch_timestamp``: what the value is scaled by (:func:`~.values.scale_int`'s unit); for
+    ``epoch_timestamp`` ``precision`` is the step (µs) the column's precision allows."""
 
     def json_type(self) -> pa.DataType:
         """What Arrow's JSON reader is asked to read (it fails the batch on anything else)."""
@@ -163,7 +168,7 @@ class ColumnarJson:
         arrays: list[pa.Array] = []
         for i, reader in enumerate(readers):
             values = pc.if_else(is_delete, pc.struct_field(before, [i]), pc.struct_field(after, [i]))
-            converted = _convert(reader, values)
+            converted = convert(reader, values)
             if converted is None:
                 return None
             array, bad = converted
@@ -173,12 +178,12 @@ class ColumnarJson:
         for i in self.primary_key:  # a row without its key takes it from the message key: the row decoder's
             redo = pc.or_(redo, pc.is_null(arrays[i]))
 
-        version = _versions(op, source)
+        version = versions(op, source)
         if version is None:
             return None
         version_array, bad_position = version
         redo = pc.or_(redo, bad_position)
-        arrays += [op, version_array, _timestamps(source, table.column("ts_ms").chunk(0), kafka_micros)]
+        arrays += [op, version_array, timestamps(source, table.column("ts_ms").chunk(0), kafka_micros)]
         return Columns(arrays, redo)
 
 
@@ -196,7 +201,7 @@ def _parse_options(columns: tuple[tuple[str, PgType], ...], readers: list[Column
     return pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False)
 
 
-def _convert(reader: ColumnReader, values: pa.Array) -> tuple[pa.Array, pa.Array | None] | None:
+def convert(reader: ColumnReader, values: pa.Array) -> tuple[pa.Array, pa.Array | None] | None:
     """(the output column, the rows to redo or None), or None: the batch is the row decoder's."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -266,7 +271,7 @@ def _scaled(unscaled: int, scale: int) -> Any:
     return Decimal(unscaled).scaleb(-scale)
 
 
-def _versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | None:
+def versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | None:
     """``_cdc_version`` from ``source.sequence`` (:func:`~cdcsync.sources.debezium.envelope.change_position`),
     and the rows whose position this path does not read (no sequence, a position out of range)."""
     import numpy as np
@@ -307,7 +312,7 @@ def _versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | Non
     return version, bad
 
 
-def _timestamps(source: pa.Array, payload_ts: pa.Array, kafka_micros: Any) -> pa.Array:
+def timestamps(source: pa.Array, payload_ts: pa.Array, kafka_micros: Any) -> pa.Array:
     """``_cdc_ts``: ``source.ts_ms``, else the payload's ``ts_ms``, else the Kafka timestamp (in range)."""
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.core.reports import Report
 from cdcsync.sources.debezium.columnar import ColumnarJson
 from cdcsync.sources.debezium.connect import row_fields, schema_change_of
-from cdcsync.sources.debezium.envelope import NEW_KEY_COLUMN
 from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.values import Ctx, Reparse, describe_json, fast_loads
 
@@ -193,7 +192,6 @@ class JsonPlan(RowPlan):
         """The batch's messages with a value decoded together, the rest (tombstones, the messages the batch path
         leaves to the row decoder) message by message, in input order; None to decode it all message by message."""
         assert self._columnar is not None
-        pa = self.pa
         import pyarrow.compute as pc
 
         value = batch.column(batch.schema.names.index("value"))
@@ -206,28 +204,13 @@ class JsonPlan(RowPlan):
         if schema is not None and self.spec.detect_schema_changes and self._schema_change(schema) is not None:
             return None
 
-        def kafka_micros() -> list[Any]:
-            return pa.array(self._kafka_micros(batch), pa.int64()).filter(present)
+        def kafka_micros() -> pa.Array:
+            return self.kafka_micros(batch).filter(present)
 
         columns = self._columnar.decode(payloads, len(changes), schema, kafka_micros)
         if columns is None:
             return None
-        redo = columns.redo
-        if NEW_KEY_COLUMN in batch.schema.names:  # a key change's delete: the row decoder adds its key-move row
-            redo = pc.or_(redo, pc.is_valid(batch.column(batch.schema.names.index(NEW_KEY_COLUMN)).filter(present)))
-        keep = pc.invert(redo)
-        fast = changes.filter(keep)
-        arrays = [array.filter(keep) for array in columns.arrays] if redo.true_count else columns.arrays
-        arrays += self.kafka_columns(batch, fast) + self.no_dead_letters(len(fast))
-        decoded = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        if len(fast) == batch.num_rows:
-            return decoded
-        rows = pa.array(range(batch.num_rows), pa.int64())
-        slow = rows.filter(pc.invert(pc.is_in(rows, value_set=fast)))
-        rest, sources = self.decode_rows(batch.take(slow))
-        positions = pa.concat_arrays([fast.cast(pa.int64()), slow.take(pa.array(sources, pa.int64()))])
-        # sort_indices is stable: a delete stays before its key-move row (both from one message)
-        return pa.concat_batches([decoded, rest]).take(pc.sort_indices(positions))
+        return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
 
     # ---- one message -----------------------------------------------------------------------------------------
 

@@ -276,7 +276,7 @@ class RowPlan:
                     result[-2] = offset_version(offsets_in[i], result[-3])
                 if result[-1] is None:
                     if kafka_ts is None:
-                        kafka_ts = self._kafka_micros(batch)
+                        kafka_ts = self.kafka_micros(batch).to_pylist()
                     result[-1] = kafka_ts[i]
                 rows.append(result)
                 if new_keys_in is not None and new_keys_in[i] is not None and result[-3] == "d" and not tombstone:
@@ -320,6 +320,38 @@ class RowPlan:
         else:
             arrays += self.no_dead_letters(count)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema), sources
+
+    def with_row_decoder(
+        self,
+        batch: pa.RecordBatch,
+        changes: pa.Array,
+        arrays: list[pa.Array],
+        redo: pa.Array,
+        *,
+        ordered: bool = True,
+    ) -> pa.RecordBatch:
+        """A batch path's output merged with the row decoder's, in input order: ``arrays`` are the decoded
+        columns (business, ``_cdc_op``, ``_cdc_version``, ``_cdc_ts``) of the input rows ``changes`` (in
+        ascending order unless not ``ordered``), good but for ``redo``; the row decoder decodes those and every
+        other input row."""
+        pa = self.pa
+        import pyarrow.compute as pc
+
+        if NEW_KEY_COLUMN in batch.schema.names:  # a key change's delete: the row decoder adds its key-move row
+            redo = pc.or_(redo, pc.is_valid(batch.column(batch.schema.names.index(NEW_KEY_COLUMN)).take(changes)))
+        keep = pc.invert(redo)
+        fast = changes.filter(keep)
+        arrays = [array.filter(keep) for array in arrays] if redo.true_count else list(arrays)
+        arrays += self.kafka_columns(batch, fast) + self.no_dead_letters(len(fast))
+        decoded = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        if len(fast) == batch.num_rows:
+            return decoded if ordered else decoded.take(pc.sort_indices(fast))
+        rows = pa.array(range(batch.num_rows), pa.int64())
+        slow = rows.filter(pc.invert(pc.is_in(rows, value_set=fast)))
+        rest, sources = self.decode_rows(batch.take(slow))
+        positions = pa.concat_arrays([fast.cast(pa.int64()), slow.take(pa.array(sources, pa.int64()))])
+        # sort_indices is stable: a delete stays before its key-move row (both from one message)
+        return pa.concat_batches([decoded, rest]).take(pc.sort_indices(positions))
 
     def kafka_columns(self, batch: pa.RecordBatch, take: pa.Array) -> list[pa.Array]:
         """``_cdc_topic``, ``_cdc_partition`` and ``_cdc_offset`` of the input rows ``take``."""
@@ -369,13 +401,18 @@ class RowPlan:
         validity = pa.array([u is not None for u in values], type=pa.bool_()).buffers()[1] if nulls else None
         return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(data)], null_count=nulls)
 
-    def _kafka_micros(self, batch: pa.RecordBatch) -> list[Any]:
+    def kafka_micros(self, batch: pa.RecordBatch) -> pa.Array:
+        """The Kafka timestamps of the batch's messages in microseconds (int64), null where there is none or it
+        lies outside the dates the output column holds."""
         pa = self.pa
+        import pyarrow.compute as pc
+
         names = batch.schema.names
         if "timestamp" not in names:
-            return [None] * batch.num_rows
+            return pa.nulls(batch.num_rows, pa.int64())
         column = batch.column(names.index("timestamp"))
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
-        micros = column.cast(pa.int64()).to_pylist()
-        return [m if m is not None and MIN_US <= m <= MAX_US else None for m in micros]
+        micros = column.cast(pa.int64())
+        fits = pc.and_(pc.greater_equal(micros, MIN_US), pc.less_equal(micros, MAX_US))
+        return pc.if_else(fits, micros, pa.scalar(None, pa.int64()))

@@ -68,6 +68,10 @@ PGJDBC_TIMESTAMP_INFINITIES = {
 }
 """Debezium's timestamp ``±infinity``: the same number whatever the field's unit (milliseconds, microseconds,
 nanoseconds), so it is recognised before any scaling."""
+DEBEZIUM_DATE_SENTINELS = frozenset(_DEBEZIUM_DATE_INFINITIES)
+"""Epoch days Debezium writes for the date infinities (the converter maps them; batch paths leave them to it)."""
+PGJDBC_TIMESTAMP_SENTINELS = frozenset(PGJDBC_TIMESTAMP_INFINITIES)
+"""Epoch microseconds pgjdbc gives for the timestamp infinities (likewise)."""
 _INFINITY_WORDS = {"infinity": 1, "+infinity": 1, "-infinity": -1}
 _OUT_OF_DATES = "out of range for date (Postgres' dates run from 4714-11-24 BC to 5874897-12-31)"
 
