@@ -114,6 +114,12 @@ class UndecodableMessage(CdcsyncError):
     """
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its class name when it has none): drivers' multi-line messages
+    (hints, server context, Java stack traces) stay readable inside one line of context."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def exit_code_for(error: BaseException) -> int:
     if isinstance(error, CdcsyncError) and error.user_error:
         return EXIT_INVALID_INPUT

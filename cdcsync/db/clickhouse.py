@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cdcsync.core import errors
 from cdcsync.core.errors import CdcsyncError, MigrationError, ServiceError, SinkError
 from cdcsync.sql.render import render
 
@@ -38,8 +39,7 @@ def is_retriable(error: BaseException) -> bool:
 
 
 def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:500] if text else type(error).__name__
+    return errors.first_line(error)[:500]
 
 
 def wrap_clickhouse_error(error: BaseException, doing: str, *, user_error: bool = False) -> CdcsyncError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from cdcsync.core.errors import CdcsyncError, SinkError
+from cdcsync.core.errors import CdcsyncError, SinkError, first_line
 from cdcsync.core.reports import ReportedFailure, find_report, without_tokens, write_failed
 from cdcsync.db.retry import classify_postgres_error
 
@@ -26,7 +26,7 @@ def innermost_message(error: BaseException) -> str:
     """The innermost Python error message in a Spark-wrapped executor failure (its first line otherwise)."""
     text = str(error)
     messages = [m.group("message").strip() for m in _PYTHON_ERROR_LINE.finditer(text)]
-    detail = messages[-1] if messages else (text.strip().splitlines() or [type(error).__name__])[0]
+    detail = messages[-1] if messages else first_line(error)
     return without_tokens(detail).strip()[:1000]
 
 

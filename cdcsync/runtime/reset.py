@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cdcsync.config.pipeline import Pipeline
 from cdcsync.config.settings import Settings, redact_dsn
-from cdcsync.core.errors import ServiceError, UserError
+from cdcsync.core.errors import ServiceError, UserError, first_line
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.sql.render import render
 
@@ -82,10 +82,9 @@ def reset(plan: ResetPlan, settings: Settings) -> ResetResult:
                     cursor = conn.execute(statement, {"pipeline": plan.pipeline, "sinks": plan.sinks})
                     deleted += max(cursor.rowcount, 0) if "batch_ledger" in statement else 0
         except psycopg.Error as error:
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ServiceError(
                 f"pipeline '{plan.pipeline}': clearing its ledger rows in Postgres at "
-                f"{redact_dsn(settings.postgres_dsn)}: {first_line}"
+                f"{redact_dsn(settings.postgres_dsn)}: {first_line(error)}"
             ) from None
         removed = 0
         for path in plan.checkpoints:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.bounded import DeltaTableSource
 from cdcsync.config.types import PgType
-from cdcsync.core.errors import ServiceError
+from cdcsync.core.errors import ServiceError, first_line
 from cdcsync.sources.bounded import Bound
 
 if TYPE_CHECKING:
@@ -34,8 +34,7 @@ def newest_version(spark: SparkSession, source: DeltaTableSource) -> int:
         )
         return int(table.history(1).select("version").first()[0])  # type: ignore[index]
     except Exception as error:
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        raise ServiceError(f"{source.label}: reading its newest version: {message}") from None
+        raise ServiceError(f"{source.label}: reading its newest version: {first_line(error)[:300]}") from None
 
 
 def changes(

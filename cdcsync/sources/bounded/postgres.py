@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from cdcsync.config.bounded import PostgresTableSource
 from cdcsync.config.types import PgType
-from cdcsync.core.errors import ServiceError, UserError
+from cdcsync.core.errors import ServiceError, UserError, first_line
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.sources.bounded import Bound, bound_parameters, range_statements, ranges_as_arrow, which_bounds
 from cdcsync.sql.render import render
@@ -38,8 +38,7 @@ def key_bounds(dsn: str, source: PostgresTableSource, key: tuple[str, ...]) -> l
         with psycopg.connect(dsn, connect_timeout=10, options=SESSION_OPTIONS) as conn:
             return [list(row) for row in conn.execute(sql, {"step": step}).fetchall()]
     except psycopg.Error as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        doing = f"{source.label}: planning its key ranges: {first_line}"
+        doing = f"{source.label}: planning its key ranges: {first_line(error)}"
         if isinstance(error, _not_there()):  # the pipeline names what the database lacks: exit 2
             raise UserError(doing, hint="check the source's schema, table and primary_key") from None
         raise ServiceError(doing, retriable=isinstance(error, psycopg.OperationalError)) from None
