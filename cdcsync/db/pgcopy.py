@@ -118,6 +118,19 @@ def _list_literals(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pa.array(literals, type=pa.string())
 
 
+def _utc_text(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A zoned timestamp array as UTC text marked ``Z``.
+
+    pyarrow prints a zoned timestamp through its time-zone database, value by value: about 15 times the cost of a
+    naive one, and most of the CSV's cost for a table with two ``timestamptz`` columns. Arrow stores every
+    timestamp as a UTC instant whatever its zone, so the naive reading of the same values is the UTC time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    naive = array.cast(pa.timestamp(array.type.unit)).cast(pa.string())
+    return pc.binary_join_element_wise(naive, "Z", "")
+
+
 def arrow_to_copy_csv(arrays: list[pa.Array | pa.ChunkedArray]) -> bytes:
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -126,6 +139,8 @@ def arrow_to_copy_csv(arrays: list[pa.Array | pa.ChunkedArray]) -> bytes:
     for array in arrays:
         if _is_temporal(array.type):
             array = temporal_as_text(array)
+            if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+                array = _utc_text(array)
         elif pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
             array = pa.array([None if v is None else "\\x" + v.hex() for v in array.to_pylist()], type=pa.string())
         elif pa.types.is_list(array.type) or pa.types.is_large_list(array.type):

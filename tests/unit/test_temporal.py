@@ -81,5 +81,14 @@ def test_copy_text_of_ordinary_dates_keeps_pyarrows_fast_path() -> None:
     stamps = pa.array([datetime(2024, 2, 29, 1, 2, 3, 4, tzinfo=timezone.utc), None], pa.timestamp("us", tz="UTC"))
     lists = pa.array([[date(1, 1, 1), date(9999, 12, 31)], None], pa.list_(pa.date32()))
     lines = arrow_to_copy_csv([dates, stamps, lists]).decode().splitlines()
-    assert lines == ['2024-02-29,2024-02-29 01:02:03.000004Z,"{""0001-01-01"",""9999-12-31""}"', ",,"]
+    assert lines == ['2024-02-29,"2024-02-29 01:02:03.000004Z","{""0001-01-01"",""9999-12-31""}"', ",,"]
+
+
+def test_copy_text_of_zoned_timestamps_is_their_utc_instant_whatever_the_zone() -> None:
+    instant = datetime(2024, 2, 29, 1, 2, 3, 4, tzinfo=timezone.utc)
+    for zone in ("UTC", "+02:00", "America/New_York"):
+        stamps = pa.array([instant, None], pa.timestamp("us", tz=zone))
+        assert arrow_to_copy_csv([stamps]).decode().splitlines() == ['"2024-02-29 01:02:03.000004Z"', ""]
+    millis = pa.array([instant.replace(microsecond=5000)], pa.timestamp("ms", tz="UTC"))
+    assert arrow_to_copy_csv([millis]).decode() == '"2024-02-29 01:02:03.005Z"\n'
     assert date(1970, 1, 1) + timedelta(days=days_from_civil(2024, 2, 29)) == date(2024, 2, 29)
