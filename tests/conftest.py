@@ -77,6 +77,9 @@ _TIER_MARKERS = {
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     grouped = config.pluginmanager.hasplugin("xdist")
+    # integration modules where a test uses the session's SparkSession: one worker runs them all, so the run starts
+    # one Spark JVM (about 15 s of CPU and a 1 GB heap that lives until the session ends), not one per worker
+    on_spark = {item.fspath for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:
         path = Path(str(item.fspath)).relative_to(TESTS_DIR)
         for marker in _TIER_MARKERS.get(path.parts[0], ()):
@@ -87,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif grouped and path.parts[0] == "integration":
             # an integration module's tests may build on each other's effects (test_devstack: up, then down, then
             # what down kept), so each module runs whole on one worker
-            item.add_marker(pytest.mark.xdist_group(path.as_posix()))
+            item.add_marker(pytest.mark.xdist_group(_SPARK_GROUP if item.fspath in on_spark else path.as_posix()))
     if hasattr(config, "workerinput"):
         # the fixed-port group is the longest unit of work (minutes): handed out first, it cannot be the run's tail
         items.sort(key=lambda item: _xdist_group(item) != _FIXED_PORT_GROUP)
@@ -184,6 +187,8 @@ _FIXED_PORT_GROUP = "fixed_ports"
 """The xdist group of tests that start services on fixed ports of their own (the fault suite's private stack, the
 Spark cluster): one worker runs them all, one after another."""
 _FIXED_PORT_PATHS = ("faults", "e2e/test_spark_cluster.py")
+_SPARK_GROUP = "spark_session"
+"""The xdist group of the integration modules that use the ``spark`` fixture (a session's SparkSession)."""
 
 
 def _services_given() -> bool:

@@ -181,15 +181,23 @@ def assert_each_batch_once(dsn: str, pipeline: str, sinks: Iterable[str]) -> dic
 
 
 def sigkill_mid_stream(
-    project: Project, dsn: str, pipeline: str, *, after_batches: int, timeout_s: float = 300.0
+    project: Project,
+    dsn: str,
+    pipeline: str,
+    *,
+    after_batches: int,
+    sink: str | None = None,
+    timeout_s: float = 300.0,
 ) -> dict[str, list[int]]:
-    """Start ``cdcsync run --available-now`` (the real CLI), let the ledger reach ``after_batches`` batches, wait a
-    random moment more (so the kill may land anywhere in the next batch: decoding, merging, committing), then
-    SIGKILL the CLI and its JVM together. Returns the ledger as the kill left it."""
+    """Start ``cdcsync run --available-now`` (the real CLI), let the ledger reach ``after_batches`` batches (of
+    ``sink``; of all sinks together when None), wait a random moment more (so the kill may land anywhere in the next
+    batch: decoding, merging, committing), then SIGKILL the CLI and its JVM together. Returns the ledger as the kill
+    left it."""
     process = project.start("run", str(project.pipeline_file), "--available-now")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
-        if sum(len(ids) for ids in ledger_batches(dsn, pipeline).values()) >= after_batches:
+        ledger = ledger_batches(dsn, pipeline)
+        if sum(len(ids) for name, ids in ledger.items() if sink in (None, name)) >= after_batches:
             break
         time.sleep(0.2)
     assert process.poll() is None, "the run ended before it could be killed; make the workload larger"

@@ -104,6 +104,10 @@ def test_sigkill_mid_stream_then_restart(
     assert len(batches["mirror"]) >= len(killed_at.get("mirror", []))
 
 
+# `make test` proves this through tests/faults/test_two_runners.py (a streaming run SIGTERMed after a batch landed exits
+# 0, then the next run drains the topic: the mirrors equal the final state and the ledger holds every batch once) and
+# tests/e2e/test_operations.py (the bounded stop of a stuck batch); this variant runs in `make soak`.
+@pytest.mark.soak
 def test_sigterm_finishes_the_batch_and_exits_cleanly(
     make_project: Callable[[dict[str, Any]], Project], postgres_dsn: str, kafka_bootstrap: str, topic_name: str
 ) -> None:
