@@ -162,8 +162,13 @@ def write_mirror_pipeline(
 
 
 def init_and_migrate(pipeline_file: Path, env: dict[str, str]) -> None:
-    for command in (("init",), ("migrate",)):
-        subprocess.run([sys.executable, "-m", "cdcsync", *command, str(pipeline_file)], env=env, check=True)
+    """``cdcsync init`` and ``cdcsync migrate``: their output only if one fails."""
+    for command in ("init", "migrate"):
+        done = subprocess.run(
+            [sys.executable, "-m", "cdcsync", command, str(pipeline_file)], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cdcsync {command} exited {done.returncode}: {done.stdout}{done.stderr}")
 
 
 @contextlib.contextmanager
