@@ -223,6 +223,5 @@ def delete_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> None:
     """Delete a benchmark's topic (millions of changes are gigabytes on a shared broker's disk)."""
     from confluent_kafka.admin import AdminClient
 
-    AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic], operation_timeout=timeout)[topic].result(
-        timeout
-    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the result: its end cancels the request
+    admin.delete_topics([topic], operation_timeout=timeout)[topic].result(timeout)

@@ -260,8 +260,10 @@ def drain(args: argparse.Namespace, root: Path, services: BenchServices, changes
     finally:
         if dsn:
             drop_database(services.admin_dsn, dsn)
-        with contextlib.suppress(Exception):  # a topic never created (the producer failed first) is no error
+        try:
             delete_topic(services.bootstrap, topic)
+        except Exception as error:  # e.g. never created, the producer having failed first: say so, go on
+            print(f"warning: topic {topic} not deleted: {error}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -269,6 +271,10 @@ def drain(args: argparse.Namespace, root: Path, services: BenchServices, changes
 
 def _mib(kib: int) -> str:
     return f"{kib / 1024:,.0f}"
+
+
+def _count(changes: int) -> str:
+    return f"{changes / 1e6:g}M" if changes >= 1_000_000 else f"{changes / 1e3:g}k"
 
 
 _LINES = (
@@ -290,8 +296,8 @@ def report(args: argparse.Namespace, runs: Sequence[Backlog]) -> None:
     print(f"workload: bare JSON, {args.keys:,} keys, {PARTITIONS} partitions, max_offsets_per_trigger {mopt}")
     print(f"sampled every {args.sample_ms:g} ms from /proc (RSS; the sum over processes per role)")
     print()
-    head = "".join(f"{f'{one.changes:,} changes':>18}" for one in runs)
-    print(f"{'peak RSS (MiB)':38}{head}{f'{last.changes // 1000:,}k / {first.changes // 1000:,}k':>14}")
+    head = "".join(f"{_count(one.changes) + ' changes':>18}" for one in runs)
+    print(f"{'peak RSS (MiB)':38}{head}{_count(last.changes) + ' / ' + _count(first.changes):>14}")
     for label, role in _LINES:
         values = "".join(f"{_mib(one.peak(role)):>18}" for one in runs)
         ratio = last.peak(role) / first.peak(role) if first.peak(role) else float("nan")
