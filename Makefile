@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 JARS_STAMP := $(VENV)/.jars-$(shell cat pyproject.toml cdcsync/runtime/jars.py cdcsync/runtime/ivy.py cdcsync/runtime/cds.py 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency compose-check container-images containers-smoke install jars clean
+.PHONY: demo test lint unit integration e2e faults soak bench bench-avro bench-blackhole bench-aggregate bench-clickhouse bench-delta bench-lookup bench-peer bench-latency bench-memory compose-check container-images containers-smoke install jars clean
 
 $(DEPS_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,9 @@ bench-peer: jars
 
 bench-latency: jars
 	$(BIN)/python benchmarks/latency.py
+
+bench-memory: jars
+	$(BIN)/python benchmarks/memory.py
 
 # Validates compose/docker-compose.yml with the Compose specification's reference loader (tools/compose-check),
 # and checks that the checker refuses a broken file, so a pass means something.

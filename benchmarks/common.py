@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import os
 import platform
+import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -122,3 +124,104 @@ def timed_run(pipeline: Pipeline, settings: Settings, spark: Any, source: str = 
     stats = PipelineRunner(pipeline, settings, available_now=True).run(spark).sources[source]
     assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
     return stats.last_batch_done_at - stats.first_batch_at, stats.batches
+
+
+# The real command as a subprocess (``cdcsync init|migrate|run``): what latency.py and memory.py time or watch.
+
+MIRROR_SCHEMA, MIRROR_TABLE = "app", "orders"
+
+
+def cli_env(root: Path, dsn: str, bootstrap: str) -> dict[str, str]:
+    """This environment with the run's own settings (and none of the caller's ``CDCSYNC__`` ones)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
+    env.update(
+        CDCSYNC__POSTGRES__DSN=dsn,
+        CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=bootstrap,
+        CDCSYNC__STATE_DIR=str(root / "state"),
+        CDCSYNC__MIGRATIONS_DIR=str(root / "migrations"),
+    )
+    return env
+
+
+def write_mirror_pipeline(
+    root: Path, name: str, topic: str, columns: dict[str, str], source_options: dict[str, Any] | None = None
+) -> Path:
+    """A one-source, one-mirror pipeline file (``app.orders``) for ``cdcsync`` to run, with its migrations applied
+    by :func:`init_and_migrate`."""
+    import yaml
+
+    source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(columns), **(source_options or {})}
+    pipeline = {
+        "name": name,
+        "sources": {"orders": source},
+        "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": MIRROR_SCHEMA, "table": MIRROR_TABLE}},
+    }
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    return path
+
+
+def init_and_migrate(pipeline_file: Path, env: dict[str, str]) -> None:
+    """``cdcsync init`` and ``cdcsync migrate``: their output only if one fails."""
+    for command in ("init", "migrate"):
+        done = subprocess.run(
+            [sys.executable, "-m", "cdcsync", command, str(pipeline_file)], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cdcsync {command} exited {done.returncode}: {done.stdout}{done.stderr}")
+
+
+@contextlib.contextmanager
+def cdcsync_run(pipeline_file: Path, env: dict[str, str], log: Any, *options: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``cdcsync run`` (with ``options``) in a session of its own; SIGTERM if it is still running on the way out
+    (it finishes its batch), SIGKILL of the whole session if that hangs."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdcsync", "run", *options, str(pipeline_file)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def mirror_equals(dsn: str, columns: dict[str, str], expected: dict[int, dict[str, Any]]) -> bool:
+    """Whether the mirror of :func:`write_mirror_pipeline` holds exactly ``expected`` (id -> row)."""
+    import psycopg
+    from psycopg import sql
+
+    names = list(columns)
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, names)), sql.Identifier(MIRROR_SCHEMA, MIRROR_TABLE)
+    )
+    with psycopg.connect(dsn) as conn:
+        rows = {r[0]: dict(zip(names, r, strict=True)) for r in conn.execute(query)}
+    return rows == expected
+
+
+def drop_database(admin_dsn: str, dsn: str) -> None:
+    """Drop a database :func:`fresh_database` made (on shared services a large one would stay behind)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    name = str(conninfo_to_dict(dsn)["dbname"])
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def delete_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> None:
+    """Delete a benchmark's topic (millions of changes are gigabytes on a shared broker's disk)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the result: its end cancels the request
+    admin.delete_topics([topic], operation_timeout=timeout)[topic].result(timeout)

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,21 +39,28 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from benchmarks.common import (
+    add_service_arguments,
+    bench_services,
+    cdcsync_run,
+    cli_env,
+    fresh_database,
+    init_and_migrate,
+    machine_line,
+    mirror_equals,
+    write_mirror_pipeline,
+)
 from cdcsync.devstack import workload
 
 _TS_MS = re.compile(rb'"ts_ms":\d+')
 PARTITIONS = 4
-SINK_SCHEMA, SINK_TABLE = "app", "orders"
 
 # The benchmark's own instrumentation (not product SQL): statement-level triggers with transition tables, one per
 # event because Postgres allows a transition table only on single-event triggers.
@@ -199,10 +204,9 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
-    env = _run_env(root, dsn, bootstrap)
-    pipeline_file = _write_pipeline(root, topic, load.columns)
-    for command in (("init",), ("migrate",)):
-        subprocess.run([sys.executable, "-m", "cdcsync", *command, str(pipeline_file)], env=env, check=True)
+    env = cli_env(root, dsn, bootstrap)
+    pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
+    init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(_LOG_DDL)
 
@@ -210,14 +214,20 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     poller.start()
     producer = Producer(bootstrap, topic)
     log_path = root / "run.log"
-    with open(log_path, "w") as log, _running(pipeline_file, env, log) as run:
+    with open(log_path, "w") as log, cdcsync_run(pipeline_file, env, log) as run:
         producer.send(prime, args.rate)
         _wait(lambda: poller.last_id > 0, run, "the first micro-batch", timeout=300)
         _wait_quiet(poller, run)
         poller.measuring_from_id = poller.last_id
         print(f"run started and primed; producing {len(steady):,} messages at {args.rate:,}/s …", flush=True)
         produce_s = producer.send(steady, args.rate)
-        _wait(lambda: _mirror_equals(dsn, load), run, "the mirror to catch up", timeout=600, every_s=1.0)
+        _wait(
+            lambda: mirror_equals(dsn, load.columns, load.expected),
+            run,
+            "the mirror to catch up",
+            timeout=600,
+            every_s=1.0,
+        )
         _wait_quiet(poller, run)
     poller.stop()
     if run.returncode != 0:
@@ -259,50 +269,6 @@ def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) ->
     return len(events)
 
 
-def _run_env(root: Path, dsn: str, bootstrap: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
-    env.update(
-        CDCSYNC__POSTGRES__DSN=dsn,
-        CDCSYNC__KAFKA__BOOTSTRAP_SERVERS=bootstrap,
-        CDCSYNC__STATE_DIR=str(root / "state"),
-        CDCSYNC__MIGRATIONS_DIR=str(root / "migrations"),
-    )
-    return env
-
-
-def _write_pipeline(root: Path, topic: str, columns: dict[str, str]) -> Path:
-    pipeline = {
-        "name": "latency",
-        "sources": {"orders": {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(columns)}},
-        "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": SINK_SCHEMA, "table": SINK_TABLE}},
-    }
-    path = root / "latency.yaml"
-    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    return path
-
-
-@contextlib.contextmanager
-def _running(pipeline_file: Path, env: dict[str, str], log: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """``cdcsync run`` streaming; SIGTERM on the way out (it finishes its batch), SIGKILL if it hangs."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cdcsync", "run", str(pipeline_file)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
 def _wait(done: Any, run: subprocess.Popen[bytes], what: str, *, timeout: float, every_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -322,19 +288,6 @@ def _wait_quiet(poller: Poller, run: subprocess.Popen[bytes], quiet_s: float = 3
             last, since = poller.last_id, time.monotonic()
         if run.poll() is not None:
             raise RuntimeError(f"cdcsync run exited {run.returncode}")
-
-
-def _mirror_equals(dsn: str, load: workload.Workload) -> bool:
-    import psycopg
-    from psycopg import sql
-
-    columns = list(load.columns)
-    query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(SINK_SCHEMA, SINK_TABLE)
-    )
-    with psycopg.connect(dsn) as conn:
-        rows = {r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(query)}
-    return rows == load.expected
 
 
 if __name__ == "__main__":

@@ -99,6 +99,15 @@ def test_deterministic_per_seed() -> None:
     assert generate(500, 50, seed=9).events != generate(500, 50, seed=10).events
 
 
+def test_changelog_streams_what_generate_holds() -> None:
+    held = generate(2_000, 40, seed=4, wrapped=True)
+    log = workload.Changelog(2_000, 40, seed=4, wrapped=True)
+    assert log.expected == {}  # filled only once the stream has been read to its end
+    assert list(log) == held.events
+    assert (log.expected, log.counts, log.last_lsn) == (held.expected, held.counts, held.last_lsn)
+    assert list(log) == held.events  # a second pass generates the same stream again
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("full", [False, True])
 def test_expected_state_matches_an_independent_fold(wrapped: bool, full: bool) -> None:

@@ -2,10 +2,11 @@
 
 :func:`generate` builds a deterministic (seeded) stream of change events for an ``orders`` table, as the Debezium
 Postgres connector writes them through Kafka Connect's JsonConverter, together with the table's expected final
-state. :func:`produce` sends events to Kafka; :func:`malformed_events` and :func:`stale_replays` make the messages
-that the dead-letter and replay tests need; :func:`to_kafka_batch` shapes events like Spark's Kafka source does,
-for tests and benchmarks that decode without Spark; :func:`to_avro` re-encodes the plain-payload events in Avro
-(Confluent wire format) with the schemas :func:`register_avro_schemas` puts in a registry.
+state; :class:`Changelog` yields the same events one at a time, for streams too long to hold. :func:`produce`
+sends events to Kafka; :func:`malformed_events` and :func:`stale_replays` make the messages that the dead-letter
+and replay tests need; :func:`to_kafka_batch` shapes events like Spark's Kafka source does, for tests and
+benchmarks that decode without Spark; :func:`to_avro` re-encodes the plain-payload events in Avro (Confluent wire
+format) with the schemas :func:`register_avro_schemas` puts in a registry.
 
 The table::
 
@@ -47,6 +48,7 @@ from cdcsync.devstack.workload.events import (
     ORDERS_TABLE,
     STATUSES,
     ChangeEvent,
+    Changelog,
     OpMix,
     Workload,
     decimal_bytes_b64,
@@ -70,6 +72,7 @@ __all__ = [
     "ORDERS_TABLE",
     "STATUSES",
     "ChangeEvent",
+    "Changelog",
     "OpMix",
     "Workload",
     "decimal_bytes_b64",

@@ -7,7 +7,7 @@ import base64
 import json
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -347,74 +347,128 @@ def generate(
     start_lsn: int = DEFAULT_START_LSN,
     customers: int = 500,
 ) -> Workload:
-    """``changes`` change events over ids ``1..keys``, and the live rows they leave behind.
+    """``changes`` change events over ids ``1..keys``, and the live rows they leave behind, held in memory (see
+    :class:`Changelog` for the rules, and for a stream too long to hold)."""
+    log = Changelog(
+        changes,
+        keys,
+        seed=seed,
+        wrapped=wrapped,
+        mix=mix,
+        tombstones=tombstones,
+        replica_identity_full=replica_identity_full,
+        server=server,
+        db=db,
+        table=table,
+        start=start,
+        start_lsn=start_lsn,
+        customers=customers,
+    )
+    events = list(log)
+    return Workload(
+        events=events,
+        expected=log.expected,
+        counts=log.counts,
+        wrapped=wrapped,
+        keys=keys,
+        seed=seed,
+        last_lsn=log.last_lsn,
+    )
+
+
+@dataclass
+class Changelog:
+    """The events of :func:`generate` one at a time, for streams too long to hold (the memory benchmark's 5M
+    changes would take gigabytes as a list); :attr:`expected`, :attr:`counts` and :attr:`last_lsn` are filled
+    once the iteration is exhausted, and each iteration generates the same events again.
 
     Each event is an insert of a key that is not live (a never-seen or a deleted one), an update of a live key
     or a delete of a live key, drawn by ``mix``. When every key is live an insert becomes an update, and when
     none is live an update or delete becomes an insert, so with few keys the mix drifts towards updates.
     ``customer_id`` is drawn from ``1..customers``: the groups of an aggregation.
     """
-    if changes < 0 or keys < 1:
-        raise ValueError("changes must be >= 0 and keys >= 1")
-    mix = mix or OpMix()
-    total = mix.insert + mix.update + mix.delete
-    insert_below, update_below = mix.insert / total, (mix.insert + mix.update) / total
-    rng = random.Random(seed)
-    encoder = _Encoder(wrapped, server, db, table)
-    live: dict[int, dict[str, Any]] = {}
-    live_pool = _KeyPool()
-    free_pool = _KeyPool(range(1, keys + 1))
-    events: list[ChangeEvent] = []
-    counts = {"c": 0, "u": 0, "d": 0, "tombstone": 0}
-    lsn = start_lsn
-    tx_id = 700
-    micros = 0
-    for _ in range(changes):
-        roll = rng.random()
-        if roll < insert_below:
-            op = "c" if free_pool else "u"
-        elif roll < update_below:
-            op = "u" if live_pool else "c"
-        else:
-            op = "d" if live_pool else "c"
-        prev_lsn = lsn
-        lsn += rng.randint(8, 400)
-        tx_id += rng.randint(1, 3)
-        micros += rng.randint(1, 5_000_000)
-        when = start + timedelta(microseconds=micros)
-        ts_ms = (micros // 1000) + int(start.timestamp() * 1000)
-        emitted_ms = ts_ms + rng.randint(1, 50)
-        if op == "c":
-            key_id = free_pool.choice(rng)
-            free_pool.remove(key_id)
-            live_pool.add(key_id)
-            before, after = None, _random_row(rng, key_id, when, customers)
-            live[key_id] = after
-        elif op == "u":
-            key_id = live_pool.choice(rng)
-            old = live[key_id]
-            before, after = (old if replica_identity_full else None), _updated_row(rng, old, when, customers)
-            live[key_id] = after
-        else:
-            key_id = live_pool.choice(rng)
-            live_pool.remove(key_id)
-            free_pool.add(key_id)
-            old = live.pop(key_id)
-            before = old if replica_identity_full else {name: (key_id if name == "id" else None) for name in old}
-            after = None
-        key = encoder.key(key_id)
-        value = encoder.change(
-            op, before, after, lsn=lsn, prev_lsn=prev_lsn, tx_id=tx_id, ts_ms=ts_ms, emitted_ms=emitted_ms
-        )
-        events.append(ChangeEvent(key=key, value=value, id=key_id, op=op, lsn=lsn))
-        counts[op] += 1
-        if op == "d" and tombstones:
-            events.append(ChangeEvent(key=key, value=None, id=key_id, op=None, lsn=None))
-            counts["tombstone"] += 1
-    expected = {key_id: dict(row) for key_id, row in live.items()}
-    return Workload(
-        events=events, expected=expected, counts=counts, wrapped=wrapped, keys=keys, seed=seed, last_lsn=lsn
-    )
+
+    changes: int
+    keys: int
+    seed: int = 0
+    wrapped: bool = False
+    mix: OpMix | None = None
+    tombstones: bool = True
+    replica_identity_full: bool = False
+    server: str = "shop"
+    db: str = "shop"
+    table: str = ORDERS_TABLE
+    start: datetime = DEFAULT_START
+    start_lsn: int = DEFAULT_START_LSN
+    customers: int = 500
+    expected: dict[int, dict[str, Any]] = field(default_factory=dict, init=False)
+    """Live rows after the whole stream (see :attr:`Workload.expected`); complete once the iteration ends."""
+    counts: dict[str, int] = field(default_factory=dict, init=False)
+    last_lsn: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.changes < 0 or self.keys < 1:
+            raise ValueError("changes must be >= 0 and keys >= 1")
+
+    def __iter__(self) -> Iterator[ChangeEvent]:
+        mix = self.mix or OpMix()
+        total = mix.insert + mix.update + mix.delete
+        insert_below, update_below = mix.insert / total, (mix.insert + mix.update) / total
+        rng = random.Random(self.seed)
+        encoder = _Encoder(self.wrapped, self.server, self.db, self.table)
+        start, customers, full = self.start, self.customers, self.replica_identity_full
+        live: dict[int, dict[str, Any]] = {}
+        live_pool = _KeyPool()
+        free_pool = _KeyPool(range(1, self.keys + 1))
+        counts = {"c": 0, "u": 0, "d": 0, "tombstone": 0}
+        self.expected, self.counts = {}, counts
+        lsn = self.start_lsn
+        tx_id = 700
+        micros = 0
+        for _ in range(self.changes):
+            roll = rng.random()
+            if roll < insert_below:
+                op = "c" if free_pool else "u"
+            elif roll < update_below:
+                op = "u" if live_pool else "c"
+            else:
+                op = "d" if live_pool else "c"
+            prev_lsn = lsn
+            lsn += rng.randint(8, 400)
+            tx_id += rng.randint(1, 3)
+            micros += rng.randint(1, 5_000_000)
+            when = start + timedelta(microseconds=micros)
+            ts_ms = (micros // 1000) + int(start.timestamp() * 1000)
+            emitted_ms = ts_ms + rng.randint(1, 50)
+            if op == "c":
+                key_id = free_pool.choice(rng)
+                free_pool.remove(key_id)
+                live_pool.add(key_id)
+                before, after = None, _random_row(rng, key_id, when, customers)
+                live[key_id] = after
+            elif op == "u":
+                key_id = live_pool.choice(rng)
+                old = live[key_id]
+                before, after = (old if full else None), _updated_row(rng, old, when, customers)
+                live[key_id] = after
+            else:
+                key_id = live_pool.choice(rng)
+                live_pool.remove(key_id)
+                free_pool.add(key_id)
+                old = live.pop(key_id)
+                before = old if full else {name: (key_id if name == "id" else None) for name in old}
+                after = None
+            key = encoder.key(key_id)
+            value = encoder.change(
+                op, before, after, lsn=lsn, prev_lsn=prev_lsn, tx_id=tx_id, ts_ms=ts_ms, emitted_ms=emitted_ms
+            )
+            yield ChangeEvent(key=key, value=value, id=key_id, op=op, lsn=lsn)
+            counts[op] += 1
+            if op == "d" and self.tombstones:
+                yield ChangeEvent(key=key, value=None, id=key_id, op=None, lsn=None)
+                counts["tombstone"] += 1
+        self.expected = {key_id: dict(row) for key_id, row in live.items()}
+        self.last_lsn = lsn
 
 
 def revenue_by_customer(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
