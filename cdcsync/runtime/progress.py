@@ -5,11 +5,14 @@ events. The live view, ``/metrics`` and ``/healthz`` read it through :class:`Run
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdcsync.runtime.metrics import Durations
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,7 @@ def record_progress(stats: SourceStats, events: Iterable[dict[str, Any]]) -> Non
         if batch_id in stats.progress_seen or not _ran_a_batch(progress):
             continue
         stats.progress_seen.add(batch_id)
+        log.debug("batch %d: Spark's durations (ms): %s", batch_id, json.dumps(progress.get("durationMs") or {}))
         stats.rows_in += int(progress.get("numInputRows") or 0)
         stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
 
