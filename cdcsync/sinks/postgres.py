@@ -34,6 +34,7 @@ from cdcsync.core.errors import SinkError
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
+from cdcsync.db.postgres import reused_connection
 from cdcsync.sinks import key_moves, positions, tombstones
 from cdcsync.sql.render import render
 
@@ -78,11 +79,11 @@ class StageWriter:
         if self.key_moves and moves.num_rows:
             table = pa.concat_tables([table, moves.select(table.column_names)])
         try:
-            with psycopg.connect(self.dsn) as conn:
+            with reused_connection(self.dsn) as conn:
                 lone = tombstones.lone(table)
                 if lone is not None:
                     table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(conn, rows))
-                with conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                with conn.transaction(), conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
                     copy.write(_to_csv(table, self.columns, self.batch_id))
         except psycopg.Error as error:
             raise task_failure(f"{self.sink_label}: COPY into the staging table failed", error) from None
@@ -274,7 +275,7 @@ class PostgresUpsertSink(LedgeredSink):
         import psycopg
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with reused_connection(self.dsn) as conn:
                 if self.landed(conn, ledger_key):
                     return False
                 conn.execute(self._truncate_sql)
@@ -305,7 +306,7 @@ class PostgresUpsertSink(LedgeredSink):
 
         batch_id = ledger_key["batch_id"]
         try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
+            with reused_connection(self.dsn) as conn, conn.transaction():
                 self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
