@@ -285,12 +285,13 @@ def session_cpu(session: int) -> dict[str, float]:
         if int(fields[3]) != session:  # the session id (the run was started in a session of its own)
             continue
         role = "driver" if int(entry.name) == session else "jvm" if b"java" in command else "workers"
-        spent[role] += (int(fields[11]) + int(fields[12])) / _TICK
+        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
     return spent
 
 
 def _cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """What each role spent between two readings (a worker that ended meanwhile is not counted)."""
+    """What each role spent between two readings (a process that ended meanwhile counts only once its parent
+    waited for it: a Python worker through the PySpark daemon)."""
     return {role: after[role] - before[role] for role in after}
 
 
