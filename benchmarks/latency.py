@@ -91,6 +91,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run `cdcsync --debug run` and print the driver's per-batch timings from its log (kept in --log)",
     )
     parser.add_argument("--log", type=Path, help="copy the run's log here")
+    parser.add_argument(
+        "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
+    )
     add_service_arguments(parser)
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0:
@@ -207,6 +210,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
     env = _run_env(root, dsn, bootstrap)
+    if args.trigger_interval_s is not None:
+        env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
     pipeline_file = _write_pipeline(root, topic, load.columns)
     for command in (("init",), ("migrate",)):
         subprocess.run([sys.executable, "-m", "cdcsync", *command, str(pipeline_file)], env=env, check=True)
@@ -253,6 +258,8 @@ def report(
     print()
     print(machine_line())
     print(f"format:                      {'schema-wrapped JSON' if args.wrapped else 'bare JSON'}")
+    trigger = 1.0 if args.trigger_interval_s is None else args.trigger_interval_s
+    print(f"trigger interval:            {trigger:g} s")
     print(f"produced:                    {messages:,} messages in {produce_s:.1f} s ({messages / produce_s:,.0f}/s)")
     print(f"producer behind schedule:    {behind_max_s * 1000:,.0f} ms at worst")
     print(f"rows timed (ins/upd seen):   {len(ordered):,}")
