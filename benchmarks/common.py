@@ -172,11 +172,13 @@ def init_and_migrate(pipeline_file: Path, env: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def cdcsync_run(pipeline_file: Path, env: dict[str, str], log: Any, *options: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``cdcsync run`` (with ``options``) in a session of its own; SIGTERM if it is still running on the way out
-    (it finishes its batch), SIGKILL of the whole session if that hangs."""
+def cdcsync_run(
+    pipeline_file: Path, env: dict[str, str], log: Any, *options: str, debug: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``cdcsync run`` (with ``options``; ``debug``: ``cdcsync --debug run``) in a session of its own; SIGTERM if it
+    is still running on the way out (it finishes its batch), SIGKILL of the whole session if that hangs."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "cdcsync", "run", *options, str(pipeline_file)],
+        [sys.executable, "-m", "cdcsync", *(["--debug"] if debug else []), "run", *options, str(pipeline_file)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

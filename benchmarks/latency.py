@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import re
 import statistics
 import subprocess
@@ -89,6 +91,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--wrapped", action="store_true", help="schema-wrapped JSON (JsonConverter's default) instead of bare payloads"
     )
     parser.add_argument("--poll-ms", type=float, default=20.0, help="how often the poller looks (default 20 ms)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="run `cdcsync --debug run` and print the driver's per-batch timings from its log (kept in --log)",
+    )
+    parser.add_argument("--log", type=Path, help="copy the run's log here")
+    parser.add_argument(
+        "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
+    )
     add_service_arguments(parser)
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0:
@@ -205,6 +216,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
     env = cli_env(root, dsn, bootstrap)
+    if args.trigger_interval_s is not None:
+        env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -214,11 +227,12 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     poller.start()
     producer = Producer(bootstrap, topic)
     log_path = root / "run.log"
-    with open(log_path, "w") as log, cdcsync_run(pipeline_file, env, log) as run:
+    with open(log_path, "w") as log, cdcsync_run(pipeline_file, env, log, debug=args.debug) as run:
         producer.send(prime, args.rate)
         _wait(lambda: poller.last_id > 0, run, "the first micro-batch", timeout=300)
         _wait_quiet(poller, run)
         poller.measuring_from_id = poller.last_id
+        first_batch, cpu_before = _last_batch(dsn), session_cpu(run.pid)
         print(f"run started and primed; producing {len(steady):,} messages at {args.rate:,}/s …", flush=True)
         produce_s = producer.send(steady, args.rate)
         _wait(
@@ -229,10 +243,18 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
             every_s=1.0,
         )
         _wait_quiet(poller, run)
+        batches, cpu = _last_batch(dsn) - first_batch, _cpu_spent(cpu_before, session_cpu(run.pid))
     poller.stop()
+    if args.log is not None:
+        args.log.write_text(log_path.read_text())
     if run.returncode != 0:
         raise RuntimeError(f"cdcsync run exited {run.returncode}; its log: {log_path.read_text()[-3000:]}")
     report(args, load, poller.latencies, produce_s, producer.behind_max_s, len(steady))
+    if args.debug:
+        text = log_path.read_text()
+        report_batches(batches, cpu, batch_timings(text, first_batch), spark_durations(text, first_batch))
+    else:
+        report_batches(batches, cpu, [])
 
 
 def report(
@@ -247,6 +269,8 @@ def report(
     print()
     print(machine_line())
     print(f"format:                      {'schema-wrapped JSON' if args.wrapped else 'bare JSON'}")
+    trigger = 1.0 if args.trigger_interval_s is None else args.trigger_interval_s
+    print(f"trigger interval:            {trigger:g} s")
     print(f"produced:                    {messages:,} messages in {produce_s:.1f} s ({messages / produce_s:,.0f}/s)")
     print(f"producer behind schedule:    {behind_max_s * 1000:,.0f} ms at worst")
     print(f"rows timed (ins/upd seen):   {len(ordered):,}")
@@ -257,6 +281,88 @@ def report(
         print(f"commit -> visible mean:      {statistics.fmean(ordered) * 1000:8,.0f} ms")
     print(f"poll interval:               {args.poll_ms:8,.0f} ms (included in the figures)")
     print(f"mirror verified equal to the expected final state ({len(load.expected):,} rows)")
+
+
+_BATCH_LOG = re.compile(r"batch (\d+): decoded and staged in ([\d.]+)s, merged .* in ([\d.]+)s")
+_SPARK_LOG = re.compile(r"batch (\d+): Spark's durations \(ms\): (\{.*\})")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu(session: int) -> dict[str, float]:
+    """CPU seconds so far (user + system, all threads) of the run's processes (its session), by role: the
+    ``cdcsync run`` Python driver, the Spark driver JVM, and the executors' Python workers (with their daemon)."""
+    spent = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) != session:  # the session id (the run was started in a session of its own)
+            continue
+        role = "driver" if int(entry.name) == session else "jvm" if b"java" in command else "workers"
+        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
+    return spent
+
+
+def _cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each role spent between two readings (a process that ended meanwhile counts only once its parent
+    waited for it: a Python worker through the PySpark daemon)."""
+    return {role: after[role] - before[role] for role in after}
+
+
+def _last_batch(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute('SELECT coalesce(max(batch_id), -1) FROM "cdcsync"."batch_ledger"').fetchone()
+    return int(row[0]) if row else -1
+
+
+def batch_timings(log: str, after_batch: int) -> list[tuple[float, float]]:
+    """(decoded and staged, merged) seconds of each batch after ``after_batch``, from the driver's debug log."""
+    found = (match.groups() for match in _BATCH_LOG.finditer(log))
+    return [(float(staged), float(merged)) for batch, staged, merged in found if int(batch) > after_batch]
+
+
+def spark_durations(log: str, after_batch: int) -> dict[str, list[float]]:
+    """Spark's own split of each batch after ``after_batch`` (its progress events' ``durationMs``), by phase."""
+    phases: dict[str, list[float]] = {}
+    for batch, durations in _SPARK_LOG.findall(log):
+        if int(batch) > after_batch:
+            for phase, ms in json.loads(durations).items():
+                phases.setdefault(phase, []).append(ms / 1000)
+    return phases
+
+
+def report_batches(
+    batches: int,
+    cpu: dict[str, float],
+    timings: list[tuple[float, float]],
+    phases: dict[str, list[float]] | None = None,
+) -> None:
+    """Per micro-batch figures of the timed phase: less sensitive to a busy machine than the latencies."""
+    print(f"micro-batches (timed phase): {batches:,}")
+    if batches <= 0:
+        return
+    per_batch = " / ".join(f"{role} {seconds / batches:.3f}" for role, seconds in cpu.items())
+    print(f"CPU s per batch:             {sum(cpu.values()) / batches:.3f} ({per_batch})")
+    if timings:
+        staged = sorted(t[0] for t in timings)
+        merged = sorted(t[1] for t in timings)
+        print(
+            f"driver, staged / merged:     p50 {percentile(staged, 0.5):.3f} / {percentile(merged, 0.5):.3f} s, "
+            f"p99 {percentile(staged, 0.99):.3f} / {percentile(merged, 0.99):.3f} s"
+        )
+    for phase, seconds in sorted((phases or {}).items(), key=lambda item: -statistics.fmean(item[1])):
+        ordered = sorted(seconds)
+        print(
+            f"  Spark {phase + ':':<22}mean {statistics.fmean(ordered):.3f}, p50 {percentile(ordered, 0.5):.3f}, "
+            f"p99 {percentile(ordered, 0.99):.3f}, max {ordered[-1]:.3f} s"
+        )
+    print(f"load average:                {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) -> int:

@@ -124,7 +124,13 @@ class MetricsSettings(_Section):
 
 
 class RunSettings(_Section):
-    """How ``cdcsync run`` stops."""
+    """How often ``cdcsync run`` starts a micro-batch, and how it stops."""
+
+    trigger_interval_s: float = Field(default=1.0, ge=0)
+    """Spark's ``processingTime`` trigger of every streaming query: a micro-batch starts at most this often, or as
+    soon as the one before ends when that took longer. 0 starts each as soon as the one before ended (Spark's own
+    default trigger); an idle query then asks the brokers for new offsets every few milliseconds. Latency against
+    cost per change: docs/benchmarks.md, "Latency: commit to visible"."""
 
     stop_timeout_s: float = Field(default=25.0, gt=0)
     """After SIGTERM or Ctrl-C, how long the batch in flight may take to finish (Kubernetes sends SIGKILL 30 s

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.core.errors import CheckpointAheadError, SinkError
 from cdcsync.db.fence import MergeFence
+from cdcsync.db.postgres import reused_connection
 from cdcsync.db.retry import classify_postgres_error
 from cdcsync.sql.render import render
 
@@ -92,7 +93,7 @@ class LedgeredSink:
         import psycopg
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with reused_connection(self.dsn) as conn:
                 return not self.landed(conn, ledger_key)
         except psycopg.Error as error:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
@@ -106,7 +107,7 @@ class LedgeredSink:
         import psycopg
 
         try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
+            with reused_connection(self.dsn) as conn, conn.transaction():
                 self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     return False

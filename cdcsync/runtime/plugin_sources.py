@@ -28,7 +28,7 @@ from cdcsync.config.plugins import operator_of, options_of
 from cdcsync.core.errors import ServiceError
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, land_rows
-from cdcsync.runtime.stream import BatchHandler, build_sinks
+from cdcsync.runtime.stream import BatchHandler, build_sinks, trigger_interval
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -110,7 +110,10 @@ def start_plugin_query(
         .option("checkpointLocation", str(checkpoint_dir))
         .queryName(f"{pipeline.name}.{step.id}")
     )
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="1 second")
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=trigger_interval(settings))
     try:
         return handler, writer.start()
     except Exception as error:

@@ -5,11 +5,14 @@ events. The live view, ``/metrics`` and ``/healthz`` read it through :class:`Run
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdcsync.runtime.metrics import Durations
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +40,8 @@ class SourceStats:
     durations: Durations = field(default_factory=Durations)
     """Wall time of each batch the handler landed."""
     progress_seen: set[int] = field(default_factory=set, repr=False)
+    newest_progress: tuple[Any, Any] | None = field(default=None, repr=False)
+    """(batch id, timestamp) of the newest progress event read (:func:`new_progress`)."""
 
 
 @dataclass
@@ -52,6 +57,24 @@ class RunSnapshot:
     """Sink id -> its YAML ``type`` (the metrics' ``operator_type``)."""
 
 
+def new_progress(recent: Sequence[Any], stats: SourceStats) -> list[dict[str, Any]]:
+    """The progress events of ``recent`` (the JVM's ``recentProgress`` array, oldest first: each item has
+    ``json()``) newer than the newest ``stats`` has read, oldest first.
+
+    Read from the newest back to the last one read, so a poll costs a few Py4J calls. PySpark's own
+    ``recentProgress`` converts all the events Spark keeps (100), three Py4J calls and a JSON document each, on
+    every poll: twice a second, that was most of what the driver did between batches, on both sides of Py4J."""
+    fresh: list[dict[str, Any]] = []
+    for index in range(len(recent) - 1, -1, -1):
+        event = json.loads(recent[index].json())
+        if (event.get("batchId"), event.get("timestamp")) == stats.newest_progress:
+            break
+        fresh.append(event)
+    if fresh:
+        stats.newest_progress = (fresh[0].get("batchId"), fresh[0].get("timestamp"))
+    return fresh[::-1]
+
+
 def record_progress(stats: SourceStats, events: Iterable[dict[str, Any]]) -> None:
     """Fold Spark's recent progress events into the source's figures: rows in once per batch, lag as of the
     newest event (idle triggers included, so lag stays current while nothing arrives)."""
@@ -62,6 +85,7 @@ def record_progress(stats: SourceStats, events: Iterable[dict[str, Any]]) -> Non
         if batch_id in stats.progress_seen or not _ran_a_batch(progress):
             continue
         stats.progress_seen.add(batch_id)
+        log.debug("batch %d: Spark's durations (ms): %s", batch_id, json.dumps(progress.get("durationMs") or {}))
         stats.rows_in += int(progress.get("numInputRows") or 0)
         stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
 

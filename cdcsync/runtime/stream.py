@@ -53,7 +53,7 @@ from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.runtime.metrics import Health
-from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats, record_progress
+from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats, new_progress, record_progress
 from cdcsync.sinks.clickhouse import ClickHouseTableSink, track_positions
 from cdcsync.sinks.console import ConsoleTableSink
 from cdcsync.sinks.delta import DeltaTableSink
@@ -518,7 +518,10 @@ class PipelineRunner:
             .option("checkpointLocation", str(checkpoint_dir))
             .queryName(f"{self.pipeline.name}.{source_id}")
         )
-        writer = writer.trigger(availableNow=True) if self.available_now else writer.trigger(processingTime="1 second")
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=trigger_interval(self.settings))
         try:
             self.queries[source_id] = writer.start()
         except Exception as error:
@@ -550,7 +553,8 @@ class PipelineRunner:
 
     def _refresh_progress(self) -> None:
         for source_id, query in self.queries.items():
-            record_progress(self.handlers[source_id].stats, query.recentProgress)
+            stats = self.handlers[source_id].stats
+            record_progress(stats, new_progress(query._jsq.recentProgress(), stats))  # no public cheaper way
 
     def _raise_failures(self) -> None:
         for source_id, handler in self.handlers.items():
@@ -577,6 +581,11 @@ def _await_any(queries: Iterable[StreamingQuery], timeout_s: float) -> None:
         return
     with contextlib.suppress(StreamingQueryException):
         active.awaitTermination(cast(int, timeout_s))  # typed int, takes seconds as any number (pyspark 4)
+
+
+def trigger_interval(settings: Settings) -> str:
+    """Spark's ``processingTime`` of every query (``run.trigger_interval_s``), in whole milliseconds."""
+    return f"{round(settings.run.trigger_interval_s * 1000)} milliseconds"
 
 
 def retry_budget(settings: Settings | None) -> RetryBudget:

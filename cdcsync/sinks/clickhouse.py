@@ -49,6 +49,7 @@ from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
 from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
 from cdcsync.db.executor_errors import task_failure
+from cdcsync.db.postgres import reused_connection
 from cdcsync.migrations.clickhouse import sink_state, table_columns
 from cdcsync.migrations.target import column_problems
 from cdcsync.sinks import clickhouse_moves, key_moves, positions, tombstones
@@ -460,7 +461,7 @@ class ClickHouseTableSink(RecordedSink):
         if not self.not_landed(ledger_key):
             return False
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with reused_connection(self.dsn) as conn:
                 self._mark = positions.read_mark(conn, self.pipeline.name, self.sink_id)
         except psycopg.Error as error:
             raise self._error("reading the source positions merged", error) from None

@@ -34,6 +34,7 @@ from cdcsync.core.errors import SinkError
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
+from cdcsync.db.postgres import reused_connection
 from cdcsync.sinks import key_moves, positions, tombstones
 from cdcsync.sql.render import render
 
@@ -78,11 +79,11 @@ class StageWriter:
         if self.key_moves and moves.num_rows:
             table = pa.concat_tables([table, moves.select(table.column_names)])
         try:
-            with psycopg.connect(self.dsn) as conn:
+            with reused_connection(self.dsn) as conn:
                 lone = tombstones.lone(table)
                 if lone is not None:
                     table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(conn, rows))
-                with conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
+                with conn.transaction(), conn.cursor() as cur, cur.copy(self.copy_sql) as copy:
                     copy.write(_to_csv(table, self.columns, self.batch_id))
         except psycopg.Error as error:
             raise task_failure(f"{self.sink_label}: COPY into the staging table failed", error) from None
@@ -253,6 +254,7 @@ class PostgresUpsertSink(LedgeredSink):
         }
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
+        self._stage_any_sql = render("postgres/runtime/stage_any.sql.j2", **template_values)
         self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
         self._end_sql = _split_statements(self._truncate_sql)
@@ -270,14 +272,18 @@ class PostgresUpsertSink(LedgeredSink):
 
     def prepare(self, ledger_key: dict[str, Any]) -> bool:
         """False when the ledger already holds this batch (same offset ranges); else empty the stage of a crashed
-        attempt's rows."""
+        attempt's rows. The merge empties it, so it is nearly always empty already: a TRUNCATE of an empty table
+        still writes new files (and syncs the init fork of an UNLOGGED one), the most expensive statement of a small
+        batch, so it runs only when there is something to remove."""
         import psycopg
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with reused_connection(self.dsn) as conn:
                 if self.landed(conn, ledger_key):
                     return False
-                conn.execute(self._truncate_sql)
+                found = conn.execute(self._stage_any_sql).fetchone()
+                if found is None or found[0]:
+                    conn.execute(self._truncate_sql)
         except psycopg.Error as error:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
         return True
@@ -305,7 +311,7 @@ class PostgresUpsertSink(LedgeredSink):
 
         batch_id = ledger_key["batch_id"]
         try:
-            with psycopg.connect(self.dsn) as conn, conn.transaction():
+            with reused_connection(self.dsn) as conn, conn.transaction():
                 self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged

@@ -418,6 +418,25 @@ def test_ledger_holds_rows_written(sink: PostgresUpsertSink) -> None:
     assert staged == (0,)
 
 
+def test_a_crashed_attempt_s_stage_is_emptied_and_an_empty_one_is_left_alone(sink: PostgresUpsertSink) -> None:
+    def stage_file() -> tuple[int, int]:
+        with psycopg.connect(sink.dsn) as conn:
+            stage = 'cdcsync."sinktest__m__stage"'
+            row = conn.execute(f"SELECT pg_relation_filenode('{stage}'), count(*) FROM {stage}").fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    rows = pa.Table.from_pylist([change("c", 1, 10), change("c", 2, 10)], schema=SCHEMA)
+    key = sink.ledger_key(0, "cp")
+    empty = stage_file()
+    assert sink.prepare(key) and stage_file() == empty  # nothing to remove: no TRUNCATE (new files, a sync)
+    assert sink.stage_writer(0).stage(rows) == 2  # the attempt's tasks staged, then it failed before the merge
+    assert stage_file()[1] == 2
+    assert sink.prepare(key) and stage_file()[1] == 0  # the next attempt starts from an empty stage
+    assert sink.merge(key, sink.stage_writer(0).stage(rows)) == 2
+    assert set(live(sink)) == {1, 2}
+
+
 TYPED_COLUMNS = {
     "id": "bigint",
     "tags": "text[]",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.latency import _events_for_changes, parse_args, percentile, stamp
+from benchmarks.latency import _events_for_changes, batch_timings, parse_args, percentile, spark_durations, stamp
 from cdcsync.devstack import workload
 
 pytestmark = pytest.mark.unit
@@ -48,3 +48,21 @@ def test_priming_split_keeps_a_delete_with_its_tombstone() -> None:
         count = _events_for_changes(events, changes)
         assert sum(e.value is not None for e in events[:count]) == changes
         assert count == len(events) or events[count].value is not None  # no tombstone split from its delete
+
+
+def test_per_batch_figures_are_read_from_the_debug_log_after_the_priming() -> None:
+    log = "\n".join(
+        [
+            "2026-11-27 00:03:52,469 INFO cdcsync.engine.batch: batch 1: decoded and staged in 3.26s, merged "
+            "{'mirror': 1316} in 0.33s",
+            """2026-11-27 00:03:53,001 DEBUG cdcsync.runtime.progress: batch 1: Spark's durations (ms): """
+            """{"addBatch": 3600, "walCommit": 90}""",
+            "2026-11-27 00:03:56,829 INFO cdcsync.engine.batch: batch 2: decoded and staged in 0.25s, merged "
+            "{'mirror': 1388} in 0.05s",
+            """2026-11-27 00:03:57,001 DEBUG cdcsync.runtime.progress: batch 2: Spark's durations (ms): """
+            """{"addBatch": 400, "walCommit": 30}""",
+        ]
+    )
+    assert batch_timings(log, after_batch=1) == [(0.25, 0.05)]
+    assert spark_durations(log, after_batch=1) == {"addBatch": [0.4], "walCommit": [0.03]}
+    assert spark_durations(log, after_batch=0)["addBatch"] == [3.6, 0.4]

@@ -15,8 +15,9 @@ from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.runtime.checkpoint import committed_offsets
-from cdcsync.runtime.progress import SourceStats, _lag, record_progress
+from cdcsync.runtime.progress import SourceStats, _lag, new_progress, record_progress
 from cdcsync.runtime.replay import replay_batch_id
+from cdcsync.runtime.stream import trigger_interval
 from cdcsync.sinks import tombstones
 from cdcsync.sinks.postgres import newest_per_key
 
@@ -191,6 +192,40 @@ def test_an_idle_trigger_does_not_hide_the_rows_of_the_batch_that_follows() -> N
     assert (stats.rows_in, stats.progress_seen, stats.rows_per_second) == (1011, {0, 1}, 5.5)
     record_progress(stats, [event(1, 11, 1011), event(2, 0, 1011)])
     assert stats.rows_in == 1011 and stats.lag == {"t/0": 0}
+
+
+class _JavaProgress:
+    """What a progress event of the JVM's ``recentProgress`` array offers: its JSON."""
+
+    def __init__(self, event: dict[str, object]) -> None:
+        self.event = event
+        self.reads = 0
+
+    def json(self) -> str:
+        self.reads += 1
+        return json.dumps(self.event)
+
+
+def test_each_poll_reads_only_the_progress_events_it_has_not_read() -> None:
+    def event(batch: int, at: str) -> _JavaProgress:
+        return _JavaProgress({"batchId": batch, "timestamp": at, "numInputRows": 1})
+
+    stats = SourceStats()
+    window = [event(0, "t0"), event(1, "t1"), event(1, "t2")]  # batch 1 twice: an idle trigger, then the batch
+    assert [e["timestamp"] for e in new_progress(window, stats)] == ["t0", "t1", "t2"]
+    assert new_progress(window, stats) == []
+    assert [w.reads for w in window] == [1, 1, 2]  # the second poll stopped at the newest it had read
+    window = [*window[1:], event(2, "t3"), event(3, "t4")]  # Spark dropped the oldest meanwhile
+    assert [e["batchId"] for e in new_progress(window, stats)] == [2, 3]
+    assert [w.reads for w in window] == [1, 3, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "spark"), [(1.0, "1000 milliseconds"), (0.25, "250 milliseconds"), (0, "0 milliseconds")]
+)
+def test_the_trigger_interval_setting_is_spark_s_processing_time(seconds: float, spark: str) -> None:
+    assert trigger_interval(load_settings(run__trigger_interval_s=seconds)) == spark
+    assert trigger_interval(load_settings()) == "1000 milliseconds"
 
 
 def test_committed_offsets_read_from_the_checkpoint(tmp_path: Path) -> None:
