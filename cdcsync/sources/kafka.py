@@ -32,7 +32,7 @@ from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.debezium.envelope import CDC_COLUMNS, NEW_KEY_COLUMN, NEW_KEY_HEADER
 from cdcsync.sources.debezium.json import wrapper_prefix
 from cdcsync.sources.debezium.spec import DecodeSpec
-from cdcsync.sources.debezium.wrappers import MAX_WRAPPERS, WRAPPED_PREFIX, WRAPPER_COLUMN, with_wrappers
+from cdcsync.sources.debezium.wrappers import CUT_COLUMNS, MAX_WRAPPERS, WRAPPED_PREFIX, with_wrappers
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -159,17 +159,19 @@ def decoder_input(raw: DataFrame, wrappers: tuple[bytes, ...] = ()) -> DataFrame
         columns.append(F.get(named, 0)["value"].alias(NEW_KEY_COLUMN))
     if not wrappers:
         return raw.select(*columns)
-    value = F.col("value")
-    which: Any = None
-    for index, wrapper in enumerate(wrappers):
-        hit = F.startswith(value, F.lit(wrapper)) & F.endswith(value, F.lit(b"}"))
-        which = F.when(hit, F.lit(index)) if which is None else which.when(hit, F.lit(index))
-    rows = raw.select(*columns, which.alias(WRAPPER_COLUMN))
-    payload = value
-    for index, wrapper in reversed(list(enumerate(wrappers))):  # payload = wrapper + payload + "}"
-        cut = value.substr(F.lit(len(wrapper) + 1), F.length(value) - F.lit(len(wrapper) + 1))
-        payload = F.when(F.col(WRAPPER_COLUMN) == F.lit(index), cut).otherwise(payload)
-    return rows.withColumn("value", payload)
+    rows = raw.select(*columns)
+    for name, wrapper_column in CUT_COLUMNS:
+        whole = F.col(name)
+        which: Any = None
+        for index, wrapper in enumerate(wrappers):
+            hit = F.startswith(whole, F.lit(wrapper)) & F.endswith(whole, F.lit(b"}"))
+            which = F.when(hit, F.lit(index)) if which is None else which.when(hit, F.lit(index))
+        payload = whole
+        for index, wrapper in reversed(list(enumerate(wrappers))):  # whole = wrapper + payload + "}"
+            cut = whole.substr(F.lit(len(wrapper) + 1), F.length(whole) - F.lit(len(wrapper) + 1))
+            payload = F.when(F.col(wrapper_column) == F.lit(index), cut).otherwise(payload)
+        rows = rows.withColumn(wrapper_column, which).withColumn(name, payload)
+    return rows
 
 
 class WrapperSet:
@@ -207,17 +209,17 @@ class KnownWrappers:
 
 
 def first_wrappers(raw: DataFrame) -> list[bytes]:
-    """The wrapper of the batch's first message, read by a Spark job that stops at it (one fetch of one
-    partition); none when that message has none, or when the read fails (the batch itself then fails or not)."""
+    """The wrappers of the batch's first message and its key, read by a Spark job that stops at it (one fetch of
+    one partition); none when they have none, or when the read fails (the batch's own read reports that)."""
     from pyspark.sql import functions as F
 
     try:
-        rows = raw.where(F.col("value").isNotNull()).select("value").limit(1).collect()
+        rows = raw.where(F.col("value").isNotNull()).select("value", "key").limit(1).collect()
     except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
         log.debug("reading the first message for its schema wrapper failed: %s", error)
         return []
-    found = wrapper_prefix(bytes(rows[0][0])) if rows else None
-    return [found] if found is not None else []
+    found = [wrapper_prefix(bytes(part)) for part in rows[0] if part is not None] if rows else []
+    return [wrapper for wrapper in found if wrapper is not None]
 
 
 def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:
@@ -284,12 +286,14 @@ class DecodeTask:
         if self.wrappers_met is None or not batch.num_rows:
             return batch
         names = batch.schema.names
-        whole = pc.fill_null(pc.starts_with(batch.column(names.index("value")), WRAPPED_PREFIX.decode()), False)
-        if WRAPPER_COLUMN in names:
-            whole = pc.and_(whole, pc.is_null(batch.column(names.index(WRAPPER_COLUMN))))
-        first = pc.index(whole, True).as_py()
-        if first >= 0:
-            found = wrapper_prefix(batch.column(names.index("value"))[first].as_py())
+        for column, wrapper_column in CUT_COLUMNS:
+            if column not in names:
+                continue
+            whole = pc.fill_null(pc.starts_with(batch.column(names.index(column)), WRAPPED_PREFIX.decode()), False)
+            if wrapper_column in names:
+                whole = pc.and_(whole, pc.is_null(batch.column(names.index(wrapper_column))))
+            first = pc.index(whole, True).as_py()
+            found = wrapper_prefix(batch.column(names.index(column))[first].as_py()) if first >= 0 else None
             if found is not None:
                 self.wrappers_met.add({found})
         return batch

@@ -7,7 +7,9 @@ decoder to check it equals the first message's and slice it off. So the JVM does
 (:func:`cdcsync.sources.kafka.decoder_input`): for each *wrapper* the driver knows (the bytes
 ``{"schema":<schema>,"payload":``, at most :data:`MAX_WRAPPERS`), a message that starts with exactly those bytes
 and ends with ``}`` crosses as its payload alone, with the wrapper's index in :data:`WRAPPER_COLUMN`; any other
-message (another schema, no wrapper, a tombstone, a malformed one) crosses whole with a null index.
+message (another schema, no wrapper, a tombstone, a malformed one) crosses whole with a null index. Message keys
+(about 170 bytes wrapped, against the payload's ``{"id":8}``) are cut the same way, beside
+:data:`KEY_WRAPPER_COLUMN`.
 
 The cut loses nothing: a cut message is its wrapper, its payload and ``}``, so :func:`restored` gives back every
 original byte, for the row decoder and for dead letters. The decoder reads a batch cut with one wrapper as it read
@@ -26,26 +28,32 @@ if TYPE_CHECKING:
 WRAPPER_COLUMN = "value_wrapper"
 """Beside ``value``: the index of the wrapper cut off it (the JVM's int; in Python a dictionary column whose
 dictionary holds the wrappers themselves, :func:`with_wrappers`), null when ``value`` is the whole message."""
+KEY_WRAPPER_COLUMN = "key_wrapper"
+"""The same for ``key``."""
+CUT_COLUMNS = (("value", WRAPPER_COLUMN), ("key", KEY_WRAPPER_COLUMN))
+"""Each column that may be cut, and its wrapper column."""
 WRAPPED_PREFIX = b'{"schema":'
 PAYLOAD_MARK = b',"payload":'
-MAX_WRAPPERS = 4
-"""Wrappers a source cuts at once (the newest learned): a table's schema, and a few while its schema changes."""
+MAX_WRAPPERS = 6
+"""Wrappers a source cuts with at once (the newest learned): a table's value and key schemas, and a few more while
+its schema changes."""
 
 
 def with_wrappers(batch: pa.RecordBatch, wrappers: tuple[bytes, ...]) -> pa.RecordBatch:
-    """The JVM's batch with its wrapper indices as a dictionary column over ``wrappers``, so that the batch
+    """The JVM's batch with its wrapper indices as dictionary columns over ``wrappers``, so that the batch
     carries what it needs to restore its messages wherever it goes."""
     import pyarrow as pa
 
-    names = batch.schema.names
-    if WRAPPER_COLUMN not in names:
-        return batch
-    at = names.index(WRAPPER_COLUMN)
-    indices = batch.column(at)
-    if pa.types.is_dictionary(indices.type):
-        return batch
-    column = pa.DictionaryArray.from_arrays(indices.cast(pa.int32()), pa.array(wrappers, pa.binary()))
-    return batch.set_column(at, WRAPPER_COLUMN, column)
+    for _, wrapper_column in CUT_COLUMNS:
+        names = batch.schema.names
+        if wrapper_column not in names:
+            continue
+        at = names.index(wrapper_column)
+        indices = batch.column(at)
+        if not pa.types.is_dictionary(indices.type):
+            column = pa.DictionaryArray.from_arrays(indices.cast(pa.int32()), pa.array(wrappers, pa.binary()))
+            batch = batch.set_column(at, wrapper_column, column)
+    return batch
 
 
 def restored(values: pa.Array, wrapper: pa.Array | None) -> pa.Array:
@@ -62,13 +70,14 @@ def restored(values: pa.Array, wrapper: pa.Array | None) -> pa.Array:
 
 
 def restored_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The batch with whole messages in ``value`` and no :data:`WRAPPER_COLUMN` (as if nothing had been cut)."""
-    names = batch.schema.names
-    if WRAPPER_COLUMN not in names:
-        return batch
-    at = names.index("value")
-    batch = batch.set_column(at, "value", restored(batch.column(at), batch.column(names.index(WRAPPER_COLUMN))))
-    return batch.drop_columns([WRAPPER_COLUMN])
+    """The batch with whole messages and keys, without wrapper columns (as if nothing had been cut)."""
+    for column, wrapper_column in CUT_COLUMNS:
+        names = batch.schema.names
+        if wrapper_column in names:
+            at = names.index(column)
+            whole = restored(batch.column(at), batch.column(names.index(wrapper_column)))
+            batch = batch.set_column(at, column, whole).drop_columns([wrapper_column])
+    return batch
 
 
 def one_wrapper(wrapper: pa.Array) -> bytes | None:
