@@ -118,6 +118,8 @@ def main() -> None:
 
 def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str, own_services: bool = True) -> None:
     import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
 
     from benchmarks.common import fresh_database, machine_line, prepare_pipeline
     from cdcsync.config.load import validate_pipeline_dict
@@ -171,6 +173,10 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str, own_services: 
                     r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders")
                 }
             assert rows == load.expected, f"run {n}: the mirror does not equal the expected final state"
+            if not own_services:  # leave nothing behind in services others use
+                name = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+                with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(name))
             total = sum(value for value in used.values() if value == value)  # not the services not counted
             print(
                 f"run {n}{' (warm-up)' if n == 0 else '':10}    {total:8.1f} {jvm_s:7.1f} "
@@ -180,6 +186,10 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str, own_services: 
             )
     finally:
         spark.stop()
+        if not own_services:
+            from confluent_kafka.admin import AdminClient
+
+            AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(30)
     print("every mirror verified equal to the expected final state")
 
 

@@ -199,8 +199,9 @@ class KnownWrappers:
     def for_batch(self, raw: DataFrame) -> tuple[bytes, ...]:
         """The wrappers to cut off this batch's messages."""
         if not self.wrappers and not self.peeked:
-            self.peeked = True
-            self.learn(first_wrappers(raw))
+            found = first_wrappers(raw)
+            self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
+            self.learn(found or [])
         return self.wrappers
 
     def learn(self, seen: Iterable[bytes]) -> None:
@@ -208,17 +209,19 @@ class KnownWrappers:
         self.wrappers = (new + self.wrappers)[:MAX_WRAPPERS]
 
 
-def first_wrappers(raw: DataFrame) -> list[bytes]:
+def first_wrappers(raw: DataFrame) -> list[bytes] | None:
     """The wrappers of the batch's first message and its key, read by a Spark job that stops at it (one fetch of
-    one partition); none when they have none, or when the read fails (the batch's own read reports that)."""
+    one partition); None when there is no message, or the read failed (the batch's own read reports that)."""
     from pyspark.sql import functions as F
 
     try:
         rows = raw.where(F.col("value").isNotNull()).select("value", "key").limit(1).collect()
     except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
         log.debug("reading the first message for its schema wrapper failed: %s", error)
-        return []
-    found = [wrapper_prefix(bytes(part)) for part in rows[0] if part is not None] if rows else []
+        return None
+    if not rows:
+        return None
+    found = [wrapper_prefix(bytes(part)) for part in rows[0] if part is not None]
     return [wrapper for wrapper in found if wrapper is not None]
 
 

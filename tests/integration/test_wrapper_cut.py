@@ -72,4 +72,7 @@ def test_the_driver_learns_the_wrapper_of_the_first_message_once(spark: Any) -> 
     nothing = KnownWrappers()
     assert nothing.for_batch(bare) == ()
     assert nothing.peeked and nothing.for_batch(raw) == ()  # one peek a run: later wrappers come from the tasks
+    tombstones, _ = kafka_rows(spark, [(b"k", None)])
+    waiting = KnownWrappers()
+    assert waiting.for_batch(tombstones) == () and not waiting.peeked  # nothing read yet: peek at the next batch
     assert decoder_input(bare).columns == decoder_input(bare, ()).columns  # nothing known: nothing added
