@@ -76,6 +76,7 @@ def _driver_jvm() -> int:
 
 
 def main() -> None:
+    global CGROUP_ROOT  # --cgroup
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=40_000)
@@ -91,7 +92,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.avro and not args.schema_registry_url:
         parser.error("--avro needs --schema-registry-url")
-    global CGROUP_ROOT
     CGROUP_ROOT = CGROUPS / args.cgroup
     if args.postgres_dsn and args.bootstrap:
         _enter("pipeline")
@@ -189,7 +189,8 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str, own_services: 
         if not own_services:
             from confluent_kafka.admin import AdminClient
 
-            AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(30)
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.delete_topics([topic])[topic].result(30)
     print("every mirror verified equal to the expected final state")
 
 
