@@ -1,6 +1,6 @@
 """CPU seconds per 1M changes, split by process: ``python benchmarks/cpu_split.py [--changes N --keys K]
-[--wrapped | --avro --schema-registry-url URL] [--runs R]`` (as root, on a Linux host with the cgroup v1
-``cpuacct`` controller).
+[--wrapped | --avro --schema-registry-url URL] [--runs R] [--postgres-dsn DSN --bootstrap HOST:PORT]
+[--cgroup NAME]`` (as root, on a Linux host with the cgroup v1 ``cpuacct`` controller).
 
 On a shared machine wall-clock figures say more about the neighbours than about cdcsync; CPU seconds of the
 processes that do the work say less about them. So this benchmark:
@@ -18,7 +18,10 @@ processes that do the work say less about them. So this benchmark:
    Python (this process), the Python workers (the rest of the third cgroup), Postgres and the broker. The first
    run pays the JVM's warm-up (JIT) and the workers' imports; compare later runs.
 
-The services are left running for the next invocation; ``--down`` stops them.
+The services are left running for the next invocation; ``--down`` stops them. With ``--postgres-dsn`` and
+``--bootstrap`` it uses running services instead (another benchmark's, a shared dev stack) and counts only the
+pipeline's own processes (Postgres and broker show ``-``); ``--cgroup`` names its cgroups, so that two
+invocations at once do not count each other.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct/cdcsync-cpu-split")
+CGROUPS = Path("/sys/fs/cgroup/cpuacct")
+CGROUP_ROOT = CGROUPS / "cdcsync-cpu-split"
 GROUPS = ("postgres", "kafka", "pipeline")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -72,6 +76,7 @@ def _driver_jvm() -> int:
 
 
 def main() -> None:
+    global CGROUP_ROOT  # --cgroup
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=40_000)
@@ -81,9 +86,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--state-dir", type=Path, default=Path(tempfile.gettempdir()) / "cdcsync-cpu-split")
     parser.add_argument("--down", action="store_true", help="stop the services this benchmark started")
+    parser.add_argument("--postgres-dsn", help="use this running Postgres (maintenance database); with --bootstrap")
+    parser.add_argument("--bootstrap", help="use this running Kafka; with --postgres-dsn")
+    parser.add_argument("--cgroup", default=CGROUP_ROOT.name, help="the cpuacct cgroup to count in")
     args = parser.parse_args()
     if args.avro and not args.schema_registry_url:
         parser.error("--avro needs --schema-registry-url")
+    CGROUP_ROOT = CGROUPS / args.cgroup
+    if args.postgres_dsn and args.bootstrap:
+        _enter("pipeline")
+        run(args, args.postgres_dsn, args.bootstrap, own_services=False)
+        return
 
     from cdcsync.devstack.common import DevStackConfig
     from cdcsync.devstack.kafka import KafkaBroker
@@ -103,8 +116,10 @@ def main() -> None:
     run(args, f"postgresql://cdcsync@127.0.0.1:{stack.postgres_port}/cdcsync", f"127.0.0.1:{stack.kafka_port}")
 
 
-def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
+def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str, own_services: bool = True) -> None:
     import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
 
     from benchmarks.common import fresh_database, machine_line, prepare_pipeline
     from cdcsync.config.load import validate_pipeline_dict
@@ -149,6 +164,8 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
             PipelineRunner(pipeline, settings, available_now=True).run(spark)
             wall = time.perf_counter() - started
             used = {group: (_usage(group) - before[group]) * scale for group in GROUPS}
+            if not own_services:
+                used["postgres"] = used["kafka"] = float("nan")
             jvm_s = (_process_cpu(jvm) - jvm_before) * scale
             driver_s = (_process_cpu(os.getpid()) - driver_before) * scale
             with psycopg.connect(dsn) as conn:
@@ -156,7 +173,11 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
                     r[0]: dict(zip(columns, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders")
                 }
             assert rows == load.expected, f"run {n}: the mirror does not equal the expected final state"
-            total = sum(used.values())
+            if not own_services:  # leave nothing behind in services others use
+                name = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+                with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(name))
+            total = sum(value for value in used.values() if value == value)  # not the services not counted
             print(
                 f"run {n}{' (warm-up)' if n == 0 else '':10}    {total:8.1f} {jvm_s:7.1f} "
                 f"{used['pipeline'] - jvm_s - driver_s:8.1f} {driver_s:7.1f} {used['postgres']:9.1f} "
@@ -165,6 +186,11 @@ def run(args: argparse.Namespace, admin_dsn: str, bootstrap: str) -> None:
             )
     finally:
         spark.stop()
+        if not own_services:
+            from confluent_kafka.admin import AdminClient
+
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.delete_topics([topic])[topic].result(30)
     print("every mirror verified equal to the expected final state")
 
 

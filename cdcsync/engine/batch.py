@@ -286,7 +286,7 @@ def land_batch(
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(written, stage(decoder_input(raw), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(written, stage(decoder_input(raw, decode.wrappers), task, batch_id, pipeline_file), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(written, keys, staged))
     log.info(

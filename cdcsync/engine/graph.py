@@ -128,7 +128,7 @@ def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: st
 
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
-    decoded = decoder_input(raw).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+    decoded = decoder_input(raw, decode.wrappers).mapInArrow(DecodeRowsTask(decode, schema), ddl)
     decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         # Scans every partition, so this also fills the cache that the later steps read.

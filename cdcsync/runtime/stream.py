@@ -66,7 +66,9 @@ from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import (
     BrokerUnavailable,
     DecodeTask,
+    KnownWrappers,
     TopicDecoders,
+    WrapperSet,
     query_broker_failure,
     source_brokers,
     spark_kafka_options,
@@ -120,6 +122,7 @@ class BatchHandler:
         self.graph = build_graph(pipeline, source_id, dsn)
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
+        self.wrappers = KnownWrappers()
         self.spark_context = spark_context
         self._init_run_state()
 
@@ -173,10 +176,12 @@ class BatchHandler:
             assert self._checkpoint_id is not None, "Spark writes the metadata before the first batch"
         return self._checkpoint_id
 
-    def _decoder(self, dead_letters: Accumulator[int]) -> DecodeTask | TopicDecoders:
+    def _decoder(
+        self, dead_letters: Accumulator[int], wrappers: tuple[bytes, ...], met: Accumulator[set[bytes]] | None
+    ) -> DecodeTask | TopicDecoders:
         """What decodes this source's rows on the executors: a :class:`DecodeTask`, or one per table (by topic)."""
         writer = None if self.source.on_decode_error == "fail" else self.dead_letter_writer
-        return source_decoder(self.pipeline, self.source_id, self.specs, writer, dead_letters)
+        return source_decoder(self.pipeline, self.source_id, self.specs, writer, dead_letters, wrappers, met)
 
     def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
@@ -312,7 +317,13 @@ class BatchHandler:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = started
         dead_letters = self.spark_context.accumulator(0)
-        decode = self._decoder(dead_letters)
+        # A JSON source's schema wrappers cross into Python once, not with every message (sources.kafka).
+        cut = self.source.format == "json"
+        met: Accumulator[set[bytes]] | None = None
+        if cut:
+            met = self.spark_context.accumulator(set(), WrapperSet())  # type: ignore[arg-type]
+        wrappers = self.wrappers.for_batch(raw) if cut else ()
+        decode = self._decoder(dead_letters, wrappers, met)
         evolutions = 0
         while True:
             try:
@@ -325,8 +336,10 @@ class BatchHandler:
                 if not (auto and additive) or evolutions > _MAX_EVOLUTIONS_PER_BATCH:
                     raise
                 self._evolve(change, batch_id)
-                decode = self._decoder(dead_letters)
+                decode = self._decoder(dead_letters, wrappers, met)
         self.stats.dead_letters += int(dead_letters.value)
+        if met is not None:
+            self.wrappers.learn(met.value)
         self.record(outcome, batch_id)
         self.stats.durations.observe(time.monotonic() - started)
 
@@ -639,11 +652,14 @@ def source_decoder(
     specs: dict[str, DecodeSpec],
     writer: DeadLetterWriter | None,
     dead_letters: Accumulator[int] | None = None,
+    wrappers: tuple[bytes, ...] = (),
+    wrappers_met: Accumulator[set[bytes]] | None = None,
 ) -> DecodeTask | TopicDecoders:
     """What decodes ``source_id``'s Kafka rows on the executors: a :class:`DecodeTask`, or one per table of a
-    ``topic_pattern`` source (by topic). ``writer`` None: an undecodable message stops the batch."""
+    ``topic_pattern`` source (by topic). ``writer`` None: an undecodable message stops the batch. ``wrappers``:
+    the schema wrappers the batch's messages cross without (:class:`~cdcsync.sources.kafka.KnownWrappers`)."""
     tasks = {
-        decoded_id: DecodeTask(spec=spec, dead_letters=writer, dead_letter_count=dead_letters)
+        decoded_id: DecodeTask(spec, writer, dead_letters, wrappers=wrappers, wrappers_met=wrappers_met)
         for decoded_id, spec in specs.items()
     }
     route = pipeline.routes.get(source_id)

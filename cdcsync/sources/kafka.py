@@ -18,7 +18,8 @@ in the failure's causes, never by its text, so the batch is retried and finally 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +30,16 @@ from cdcsync.core.reports import Kind, Report, ReportedFailure, first_to_raise, 
 from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.debezium.envelope import CDC_COLUMNS, NEW_KEY_COLUMN, NEW_KEY_HEADER
+from cdcsync.sources.debezium.json import wrapper_prefix
 from cdcsync.sources.debezium.spec import DecodeSpec
+from cdcsync.sources.debezium.wrappers import CUT_COLUMNS, MAX_WRAPPERS, WRAPPED_PREFIX, with_wrappers
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import Accumulator
     from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
 DECODER_INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
@@ -140,17 +145,84 @@ def _thrown_by_spark_kafka(throwable: Any) -> bool:
     return len(frames) > 0 and str(frames[0].getClassName()).startswith(_SPARK_KAFKA_PACKAGE)
 
 
-def decoder_input(raw: DataFrame) -> DataFrame:
+def decoder_input(raw: DataFrame, wrappers: tuple[bytes, ...] = ()) -> DataFrame:
     """The Kafka rows as the decoder reads them: :data:`DECODER_INPUT_COLUMNS` and, picked out of the headers by
     Spark, the new key of a primary-key change (``__debezium.newkey``, a binary column that is null on nearly
-    every row; see :mod:`cdcsync.sinks.key_moves`)."""
+    every row; see :mod:`cdcsync.sinks.key_moves`). With ``wrappers``, a message that starts with one of them and
+    ends with ``}`` crosses as its payload alone, the wrapper's index beside it
+    (:mod:`cdcsync.sources.debezium.wrappers`)."""
     from pyspark.sql import functions as F
 
     columns = [F.col(name) for name in DECODER_INPUT_COLUMNS]
     if "headers" in raw.columns:
         named = F.filter("headers", lambda header: header["key"] == F.lit(NEW_KEY_HEADER))
         columns.append(F.get(named, 0)["value"].alias(NEW_KEY_COLUMN))
-    return raw.select(*columns)
+    if not wrappers:
+        return raw.select(*columns)
+    rows = raw.select(*columns)
+    for name, wrapper_column in CUT_COLUMNS:
+        whole = F.col(name)
+        which: Any = None
+        for index, wrapper in enumerate(wrappers):
+            hit = F.startswith(whole, F.lit(wrapper)) & F.endswith(whole, F.lit(b"}"))
+            which = F.when(hit, F.lit(index)) if which is None else which.when(hit, F.lit(index))
+        payload = whole
+        for index, wrapper in reversed(list(enumerate(wrappers))):  # whole = wrapper + payload + "}"
+            cut = whole.substr(F.lit(len(wrapper) + 1), F.length(whole) - F.lit(len(wrapper) + 1))
+            payload = F.when(F.col(wrapper_column) == F.lit(index), cut).otherwise(payload)
+        rows = rows.withColumn(wrapper_column, which).withColumn(name, payload)
+    return rows
+
+
+class WrapperSet:
+    """Accumulator parameter (duck-typed, so this module needs no PySpark import): the set of wrappers the tasks
+    met on messages that crossed whole."""
+
+    def zero(self, value: set[bytes]) -> set[bytes]:
+        return set()
+
+    def addInPlace(self, value: set[bytes], other: set[bytes]) -> set[bytes]:
+        value |= other
+        return value
+
+
+@dataclass
+class KnownWrappers:
+    """Driver side of a JSON source's wrapper cut (:mod:`cdcsync.sources.debezium.wrappers`): the wrappers its
+    batches cut off, learned from the first message of the run's first batch (a peek, so that the first batch
+    is cut too) and then from what the tasks report they met uncut (a new table of a pattern, a changed schema).
+    The newest :data:`~cdcsync.sources.debezium.wrappers.MAX_WRAPPERS` are kept."""
+
+    wrappers: tuple[bytes, ...] = ()
+    peeked: bool = False
+
+    def for_batch(self, raw: DataFrame) -> tuple[bytes, ...]:
+        """The wrappers to cut off this batch's messages."""
+        if not self.wrappers and not self.peeked:
+            found = first_wrappers(raw)
+            self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
+            self.learn(found or [])
+        return self.wrappers
+
+    def learn(self, seen: Iterable[bytes]) -> None:
+        new = tuple(sorted(wrapper for wrapper in set(seen) if wrapper not in self.wrappers))
+        self.wrappers = (new + self.wrappers)[:MAX_WRAPPERS]
+
+
+def first_wrappers(raw: DataFrame) -> list[bytes] | None:
+    """The wrappers of the batch's first message and its key, read by a Spark job that stops at it (one fetch of
+    one partition); None when there is no message, or the read failed (the batch's own read reports that)."""
+    from pyspark.sql import functions as F
+
+    try:
+        rows = raw.where(F.col("value").isNotNull()).select("value", "key").limit(1).collect()
+    except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
+        log.debug("reading the first message for its schema wrapper failed: %s", error)
+        return None
+    if not rows:
+        return None
+    found = [wrapper_prefix(bytes(part)) for part in rows[0] if part is not None]
+    return [wrapper for wrapper in found if wrapper is not None]
 
 
 def spark_kafka_options(pipeline_name: str, source: KafkaSource, settings: Settings) -> dict[str, str]:
@@ -182,11 +254,17 @@ class DecodeTask:
     dead_letters: DeadLetterWriter | None
     """None under ``on_decode_error: fail``."""
     dead_letter_count: Accumulator[int] | None = None
+    wrappers: tuple[bytes, ...] = ()
+    """The schema wrappers :func:`decoder_input` cut off this batch's messages with."""
+    wrappers_met: Accumulator[set[bytes]] | None = None
+    """Where the tasks report the wrappers they met on messages that crossed whole (:class:`KnownWrappers`)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
 
         keep = [name for name, _ in self.spec.columns] + [name for name, _ in CDC_COLUMNS]
+        if self.wrappers or self.wrappers_met is not None:
+            batches = (self._with_wrappers(batch) for batch in batches)
         for decoded in decode_batches(batches, self.spec):
             reports = decoded.column("_dlq_report")
             if reports.null_count < decoded.num_rows:
@@ -201,6 +279,27 @@ class DecodeTask:
                 decoded = decoded.filter(pc.invert(bad))
             if decoded.num_rows:
                 yield decoded.select(keep)
+
+    def _with_wrappers(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch with its wrappers in it (:func:`~cdcsync.sources.debezium.wrappers.with_wrappers`); the
+        wrapper of its first whole wrapped message, if any, reported to the driver."""
+        import pyarrow.compute as pc
+
+        batch = with_wrappers(batch, self.wrappers)
+        if self.wrappers_met is None or not batch.num_rows:
+            return batch
+        names = batch.schema.names
+        for column, wrapper_column in CUT_COLUMNS:
+            if column not in names:
+                continue
+            whole = pc.fill_null(pc.starts_with(batch.column(names.index(column)), WRAPPED_PREFIX.decode()), False)
+            if wrapper_column in names:
+                whole = pc.and_(whole, pc.is_null(batch.column(names.index(wrapper_column))))
+            first = pc.index(whole, True).as_py()
+            found = wrapper_prefix(batch.column(names.index(column))[first].as_py()) if first >= 0 else None
+            if found is not None:
+                self.wrappers_met.add({found})
+        return batch
 
     def _stop(self, bad: pa.RecordBatch) -> Report | None:
         """The report that stops the batch at these rows that did not decode: the first schema change, else
@@ -221,6 +320,11 @@ class TopicDecoders:
 
     source_id: str
     by_topic: dict[str, DecodeTask]
+
+    @property
+    def wrappers(self) -> tuple[bytes, ...]:
+        """The schema wrappers cut off the batch's messages (the same for every topic's task)."""
+        return next(iter(self.by_topic.values())).wrappers if self.by_topic else ()
 
     def new_topic(self, rows: pa.Table) -> Report | None:
         """The report for the first row of a topic none decodes, or None when every topic is known."""

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from cdcsync.config.types import parse_pg_type
 from cdcsync.devstack import workload
-from cdcsync.sources.debezium.json import JsonPlan
+from cdcsync.sources.debezium.json import JsonPlan, wrapper_prefix
 from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.spec import DecodeSpec
+from cdcsync.sources.debezium.wrappers import CUT_COLUMNS, MAX_WRAPPERS, restored_batch, with_wrappers
+from cdcsync.sources.kafka import DecodeTask, KnownWrappers
 
 pytestmark = pytest.mark.unit
 
@@ -294,3 +296,120 @@ def test_deletes_of_key_changes_keep_their_key_move_rows_in_order() -> None:
     assert took
     moves = [i for i, row in enumerate(rows) if row["_cdc_op"] not in ("c", "u", "d")]
     assert moves and all(rows[i - 1]["_cdc_op"] == "d" and rows[i]["id"] >= 1000 for i in moves)
+
+
+# ---- schema wrappers cut off on the JVM (cdcsync.sources.debezium.wrappers) -----------------------------------
+
+OTHER_WRAPPER = b'{"schema":{"type":"struct","fields":[]},"payload":'
+
+
+def jvm_cut(batch: pa.RecordBatch, wrappers: tuple[bytes, ...]) -> pa.RecordBatch:
+    """What :func:`cdcsync.sources.kafka.decoder_input` sends Python, by its rule: a message (or key) that starts
+    with a wrapper and ends with ``}`` as its payload, the wrapper's index beside it."""
+    for column, wrapper_column in CUT_COLUMNS:
+        values, which = [], []
+        for value in batch.column(batch.schema.names.index(column)).to_pylist():
+            hit = next(
+                (
+                    i
+                    for i, w in enumerate(wrappers)
+                    if value is not None and value.startswith(w) and value.endswith(b"}")
+                ),
+                None,
+            )
+            which.append(hit)
+            values.append(value if hit is None else value[len(wrappers[hit]) : -1])
+        at = batch.schema.names.index(column)
+        batch = batch.set_column(at, column, pa.array(values, pa.binary()))
+        batch = batch.append_column(wrapper_column, pa.array(which, pa.int32()))
+    return batch
+
+
+KEY_WRAPPER = b'{"schema":{"type":"struct","fields":[{"type":"int64","optional":false,"field":"id"}]},"payload":'
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(BATCHES, st.data())
+def test_messages_cut_on_the_jvm_decode_as_the_whole_messages_do(
+    batch_messages: list[tuple[bytes | None, bytes | None]], data: st.DataObject
+) -> None:
+    """Whatever the batch (wrapped or not, one schema or several, malformed messages) and whichever wrappers are
+    known, the cut batch decodes as the whole one on both paths, dead letters' original bytes included."""
+    wrap = data.draw(st.lists(st.booleans(), min_size=len(batch_messages), max_size=len(batch_messages)))
+    batch_messages = [
+        (KEY_WRAPPER + key + b"}" if key is not None and wrapped else key, value)
+        for (key, value), wrapped in zip(batch_messages, wrap, strict=True)
+    ]
+    batch = kafka_batch(batch_messages)
+    learned = {wrapper_prefix(value) for pair in batch_messages for value in pair if value is not None}
+    known = [*sorted(w for w in learned if w is not None), OTHER_WRAPPER]
+    wrappers = tuple(data.draw(st.permutations(known)))[: data.draw(st.integers(1, MAX_WRAPPERS))]
+    cut = with_wrappers(jvm_cut(batch, wrappers), wrappers)
+    assert restored_batch(cut).equals(batch)
+    fast, slow = plans(spec_of(COLUMNS))
+    expected = comparable(slow.decode_batch(batch))
+    assert comparable(fast.decode_batch(cut)) == expected
+    assert comparable(slow.decode_batch(cut)) == expected
+
+
+def test_a_batch_cut_with_one_wrapper_takes_the_batch_path_and_reports_no_wrapper() -> None:
+    generated = workload.generate(2_000, 300, seed=7, wrapped=True)
+    batch = workload.to_kafka_batch(generated.events)
+    first = next(event for event in generated.events if event.value is not None)
+    assert first.value is not None and first.key is not None
+    wrapper, key_wrapper = wrapper_prefix(first.value), wrapper_prefix(first.key)
+    assert wrapper is not None and key_wrapper is not None and len(wrapper) > 2_000
+    wrappers = (key_wrapper, wrapper)
+    cut = jvm_cut(batch, wrappers)
+    assert cut.column("value").nbytes < batch.column("value").nbytes / 4
+    assert cut.column("key").nbytes < batch.column("key").nbytes / 10
+    met = Met()
+    spec = spec_of(dict(workload.ORDERS_COLUMNS), detect=True)
+    task = DecodeTask(spec, None, wrappers=wrappers, wrappers_met=met)
+    fast, slow = plans(spec)
+    assert fast._decode_columnar(with_wrappers(cut, wrappers)) is not None
+    decoded = pa.Table.from_batches(list(task(iter([cut]))))
+    expected = pa.Table.from_batches([slow.decode_batch(batch)]).select(decoded.schema.names)
+    assert decoded.equals(expected)
+    assert met.seen == set()  # every wrapped message and key was cut: nothing new to learn
+    met_whole = Met()
+    list(DecodeTask(spec, None, wrappers_met=met_whole)(iter([batch])))
+    assert met_whole.seen == {wrapper, key_wrapper}
+
+
+def test_tasks_report_the_wrapper_of_a_whole_wrapped_message_and_the_driver_keeps_the_newest() -> None:
+    old = workload.generate(20, 10, seed=1, wrapped=True).events
+    old_wrapper = wrapper_prefix(next(e.value for e in old if e.value is not None))
+    assert old_wrapper is not None
+    changed = [
+        (e.key, e.value.replace(b'"name":"shop.public.orders.Value"', b'"name":"shop.public.orders.Value2"'))
+        for e in old
+        if e.value is not None
+    ]
+    new_wrapper = wrapper_prefix(changed[0][1])
+    assert new_wrapper is not None and new_wrapper != old_wrapper
+    batch = kafka_batch([(e.key, e.value) for e in old] + changed)
+    key_wrapper = wrapper_prefix(changed[0][0] or b"")
+    assert key_wrapper is not None
+    wrappers = (old_wrapper, key_wrapper)
+    met = Met()
+    task = DecodeTask(spec_of(dict(workload.ORDERS_COLUMNS)), None, wrappers=wrappers, wrappers_met=met)
+    rows = pa.Table.from_batches(list(task(iter([jvm_cut(batch, wrappers)]))))
+    assert rows.num_rows == batch.num_rows
+    assert met.seen == {new_wrapper}
+
+    known = KnownWrappers((old_wrapper,))
+    known.learn(met.seen | {old_wrapper})
+    assert known.wrappers == (new_wrapper, old_wrapper)
+    known.learn([bytes([i]) for i in range(MAX_WRAPPERS)])
+    assert len(known.wrappers) == MAX_WRAPPERS and new_wrapper not in known.wrappers
+
+
+class Met:
+    """Stands in for the Spark accumulator the tasks add the wrappers they met to."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def add(self, found: set[bytes]) -> None:
+        self.seen |= found

@@ -12,7 +12,8 @@ The modules, in the order a message meets them:
 * :mod:`.columnar`: the batch path of :mod:`.json`, which decodes a batch of common Debezium messages at once
   with Arrow's JSON reader and ``pyarrow.compute``, and leaves anything it cannot read exactly to the row decoder;
   :mod:`.avro_columnar`, the batch path of :mod:`.avro` (tombstones' keys too), walks a writer schema over a
-  whole batch with numpy and shares those conversions;
+  whole batch with numpy and shares those conversions; :mod:`.wrappers`: JsonConverter's schema wrapper, which
+  the JVM cuts off before the messages cross into Python, and how the decoder restores it where it must;
 * :mod:`.envelope`: ``op``, the ``source`` block, the ``_cdc_*`` / ``_dlq_*`` columns, TOAST placeholders;
 * :mod:`.converters` (by declared type, and arrays), :mod:`.numbers`, :mod:`.temporal`, :mod:`.text`: one value
   into its column's type, sharing :mod:`.values`;

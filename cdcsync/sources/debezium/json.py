@@ -22,14 +22,13 @@ from cdcsync.sources.debezium.columnar import ColumnarJson
 from cdcsync.sources.debezium.connect import row_fields, schema_change_of
 from cdcsync.sources.debezium.plan import RowPlan
 from cdcsync.sources.debezium.values import Ctx, Reparse, describe_json, fast_loads
+from cdcsync.sources.debezium.wrappers import PAYLOAD_MARK, WRAPPED_PREFIX, WRAPPER_COLUMN, one_wrapper, restored
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from cdcsync.sources.debezium.spec import DecodeSpec
 
-_WRAPPED_PREFIX = b'{"schema":'
-_PAYLOAD_MARK = b',"payload":'
 _SCHEMA_CACHE: dict[bytes, dict[str, Any]] = {}
 _SCHEMA_CACHE_SIZE = 256
 _RECENT_SCHEMAS: list[tuple[bytes, dict[str, Any]]] = []  # (b'{"schema":' + schema bytes, parsed), newest first
@@ -62,7 +61,7 @@ def _loads(raw: bytes, what: str) -> tuple[Any, str | None]:
 
 def _fast_wrapped(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     """(schema, payload) of a compact ``{"schema":...,"payload":...}`` message (``raw`` starts with
-    ``_WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path."""
+    ``WRAPPED_PREFIX``), parsing each distinct schema once. None means: take the general path."""
     found = _wrapped_schema(raw)
     if found is None:
         return None
@@ -85,29 +84,42 @@ def _wrapped_schema(raw: bytes) -> tuple[dict[str, Any], int] | None:
         return None
     schema: dict[str, Any] | None = None
     for prefix, known in _RECENT_SCHEMAS:
-        if raw.startswith(prefix) and raw.startswith(_PAYLOAD_MARK, len(prefix)):
+        if raw.startswith(prefix) and raw.startswith(PAYLOAD_MARK, len(prefix)):
             schema, split = known, len(prefix)
             break
     if schema is None:
-        split = raw.find(_PAYLOAD_MARK, 10)
+        split = raw.find(PAYLOAD_MARK, 10)
         if split < 0:
             return None
-        schema_bytes = raw[10:split]
-        cached = _SCHEMA_CACHE.get(schema_bytes)
-        if cached is None:
-            try:
-                cached = fast_loads(schema_bytes)
-            except Exception:
-                return None
-            if type(cached) is not dict:
-                return None
-            if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
-                _SCHEMA_CACHE.clear()
-            _SCHEMA_CACHE[schema_bytes] = cached
-        schema = cached
+        schema = _parsed_schema(raw[10:split])
+        if schema is None:
+            return None
         _RECENT_SCHEMAS.insert(0, (raw[:split], schema))
         del _RECENT_SCHEMAS[_RECENT_SCHEMAS_SIZE:]
     return schema, split
+
+
+def _parsed_schema(schema_bytes: bytes) -> dict[str, Any] | None:
+    """The Connect schema these bytes hold (parsed once per distinct bytes), or None if they hold no object."""
+    cached = _SCHEMA_CACHE.get(schema_bytes)
+    if cached is None:
+        try:
+            cached = fast_loads(schema_bytes)
+        except Exception:
+            return None
+        if type(cached) is not dict:
+            return None
+        if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_SIZE:
+            _SCHEMA_CACHE.clear()
+        _SCHEMA_CACHE[schema_bytes] = cached
+    return cached
+
+
+def wrapper_prefix(message: bytes) -> bytes | None:
+    """The wrapper (``{"schema":<schema>,"payload":``, :mod:`~cdcsync.sources.debezium.wrappers`) of a compact
+    schema-wrapped message whose schema is a JSON object, else None: what the JVM may cut off later messages."""
+    found = _wrapped_schema(message) if message.startswith(WRAPPED_PREFIX) else None
+    return None if found is None else message[: found[1] + len(PAYLOAD_MARK)]
 
 
 def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, Any]] | str:
@@ -125,10 +137,11 @@ def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, 
     return None, document
 
 
-def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | None:
+def _payloads(values: pa.Array, wrapper: pa.Array | None = None) -> tuple[dict[str, Any] | None, pa.Buffer] | None:
     """(the envelope schema or None, the messages' payloads one per line) when every message is a ``{...}``
     payload with the same schema wrapper (byte for byte) or none, else None. The checks and the slicing run in
-    Arrow: no Python per message."""
+    Arrow: no Python per message. ``wrapper``: the wrappers the JVM cut off (:mod:`.wrappers`); messages all cut
+    with one are that one's payloads already."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -139,9 +152,16 @@ def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | Non
             values = values.cast(pa.binary())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
+    cut = one_wrapper(wrapper) if wrapper is not None else None
+    if wrapper is not None and cut is None:
+        values = restored(values, wrapper)
     first = values[0].as_py()
     schema = None
-    if first.startswith(_WRAPPED_PREFIX):
+    if cut is not None:
+        schema = _parsed_schema(cut[len(WRAPPED_PREFIX) : -len(PAYLOAD_MARK)])
+        if schema is None:
+            return None
+    elif first.startswith(WRAPPED_PREFIX):
         found = _wrapped_schema(first)
         if found is None:
             return None
@@ -153,7 +173,7 @@ def _payloads(values: pa.Array) -> tuple[dict[str, Any] | None, pa.Buffer] | Non
         if not pc.all(pc.and_(pc.starts_with(values, prefix), pc.ends_with(values, "}"))).as_py():
             return None
         values = pc.binary_slice(values, split + 11, -1)
-    elif pc.any(pc.starts_with(values, _WRAPPED_PREFIX.decode())).as_py():
+    elif pc.any(pc.starts_with(values, WRAPPED_PREFIX.decode())).as_py():
         return None
     # Each payload one object, one per line: a line of Arrow's reader can then not hold parts of two messages
     # (JSON strings hold no raw newline), and one holding two objects shows in the row count.
@@ -194,10 +214,12 @@ class JsonPlan(RowPlan):
         assert self._columnar is not None
         import pyarrow.compute as pc
 
-        value = batch.column(batch.schema.names.index("value"))
+        names = batch.schema.names
+        value = batch.column(names.index("value"))
         present = pc.is_valid(value)
         changes = pc.indices_nonzero(present)
-        split = _payloads(value.filter(present))
+        wrapper = batch.column(names.index(WRAPPER_COLUMN)).filter(present) if WRAPPER_COLUMN in names else None
+        split = _payloads(value.filter(present), wrapper)
         if split is None:
             return None
         schema, payloads = split
@@ -216,7 +238,7 @@ class JsonPlan(RowPlan):
 
     def decode_message(self, raw: bytes, key_raw: bytes | None) -> list[Any] | str | Report:
         schema: dict[str, Any] | None = None
-        parts = _fast_wrapped(raw) if raw.startswith(_WRAPPED_PREFIX) else None
+        parts = _fast_wrapped(raw) if raw.startswith(WRAPPED_PREFIX) else None
         if parts is not None:
             schema, payload = parts
         else:
@@ -277,7 +299,7 @@ class JsonPlan(RowPlan):
         ctx: Ctx = (None, "", key_raw or b"")
         if key_raw is None:
             return {}, ctx, "message has no key"
-        parts = _fast_wrapped(key_raw) if not exact and key_raw.startswith(_WRAPPED_PREFIX) else None
+        parts = _fast_wrapped(key_raw) if not exact and key_raw.startswith(WRAPPED_PREFIX) else None
         if parts is None:
             document, reason = _loads_exact(key_raw, "message key") if exact else _loads(key_raw, "message key")
             if reason is not None:

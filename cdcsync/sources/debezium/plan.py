@@ -28,6 +28,7 @@ from cdcsync.sources.debezium.envelope import (
 )
 from cdcsync.sources.debezium.spec import output_arrow_schema
 from cdcsync.sources.debezium.values import INT_RANGES, MAX_US, MIN_US, Ctx, Reject, Reparse
+from cdcsync.sources.debezium.wrappers import restored_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -238,6 +239,7 @@ class RowPlan:
         """The batch decoded message by message, and the input row of each output row (a tombstone without a
         key, or with one that does not give the primary key, yields none)."""
         pa = self.pa
+        batch = restored_batch(batch)  # the whole messages, should the JVM have cut their schema wrappers off
         names = batch.schema.names
         values_in = batch.column(names.index("value")).to_pylist()
         keys_in = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(values_in)
