@@ -100,7 +100,7 @@ def _aggregate_state(
          "aggregates": [{"name": "revenue", "fn": "sum", "source": "amount", "type": "numeric(18,2)",
                          "accumulator_type": "numeric(18,2)", "index": "revenue_by_customer__amount__minmax"}],
          "empty_index": "revenue_by_customer__empty",
-         "functions": {"insert": "shop__revenue__agg_insert", "update": ..., "delete": ...}}
+         "functions": {"insert": "shop__revenue__agg_insert", "update": ..., "delete": ...}, "revision": 2}
 
     ``index`` (min and max only) names the landing-table index that makes recomputing a group's extreme an
     index probe; aggregates of the same column share it.
@@ -134,6 +134,7 @@ def _aggregate_state(
         "functions": {
             event: names.aggregate_function(pipeline_name, sink_id, event) for event in ("insert", "update", "delete")
         },
+        "revision": aggregate_upgrade.TRIGGER_REVISION,
     }
 
 
@@ -163,7 +164,7 @@ def _changed_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) -
             f"to ({', '.join(after['primary_key'])})"
         )
     upgradable = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
-    if before.get("aggregate") != after.get("aggregate") and not upgradable:
+    if before.get("aggregate") != after.get("aggregate") and upgradable is None:
         destructive.append(f"{where}: {_aggregate_change(before.get('aggregate'), after.get('aggregate'))}")
     if before["delete_mode"] != after["delete_mode"]:
         destructive.append(f"{where}: delete_mode changed from {before['delete_mode']} to {after['delete_mode']}")
@@ -179,7 +180,7 @@ def _upgraded_sink(sink_id: str, before: dict[str, Any], after: dict[str, Any]) 
     if before.get("version_type", "bigint") != after["version_type"]:
         changes.append(Change("upgrade_version", sink_id))
     upgraded = aggregate_upgrade.changed_state(before.get("aggregate"), after.get("aggregate"))
-    if upgraded:
+    if upgraded is not None:
         changes.append(Change("upgrade_aggregate", sink_id, aggregates=upgraded))
     return changes
 

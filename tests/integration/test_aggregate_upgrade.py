@@ -9,12 +9,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import Pipeline
+from cdcsync.core import names
 from cdcsync.migrations import POSTGRES
-from tests.legacy_aggregates import legacy_layout
+from tests.legacy_aggregates import first_trigger_revision, legacy_layout
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +88,35 @@ def test_upgrade_rebuilds_the_running_state_exactly(postgres_dsn: str, tmp_path:
 
         _land(conn, [(6, "a", "0.0049", "7.25"), (7, "b", "-0.0051", "0.5")])
         conn.execute("UPDATE app.landing SET fine = fine + 0.0001, grp = 'b' WHERE id IN (1, 3)")
+        conn.execute("DELETE FROM app.landing WHERE id = 2")
+        conn.commit()
+        assert conn.execute(TABLE).fetchall() == conn.execute(FRESH).fetchall()
+
+
+def test_a_newer_trigger_revision_replaces_only_the_functions(postgres_dsn: str, tmp_path: Path) -> None:
+    """Functions of an older revision (stand-ins that aggregate nothing on UPDATE and DELETE, so a change they
+    missed shows) are replaced by the upgrade; the tables and their state stay as they are."""
+    definition = _pipeline()
+    with first_trigger_revision():
+        migrations.init(POSTGRES, definition, tmp_path)
+    with psycopg.connect(postgres_dsn) as conn:
+        migrations.apply_pending(POSTGRES, conn, definition.name, tmp_path)
+        _land(conn, [(1, "a", "0.0050", "1"), (2, "a", "0.3333", "2.5"), (3, "b", "1.0001", "3")])
+        for event in ("update", "delete"):
+            function = sql.Identifier(names.INTERNAL_SCHEMA, names.aggregate_function("upg", "agg", event))
+            stub = "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$"
+            conn.execute(sql.SQL(stub).format(function))
+        conn.commit()
+
+        migrations.init(POSTGRES, definition, tmp_path)
+        upgrade = tmp_path / "upg" / "postgres" / "0002_upgrade_aggregate_agg.sql"
+        text = upgrade.read_text()
+        assert "LOCK TABLE" not in text and "ALTER TABLE" not in text  # no state to rebuild
+        assert text.count("CREATE OR REPLACE FUNCTION") == 3
+        assert [s.filename for s in migrations.apply_pending(POSTGRES, conn, definition.name, tmp_path)] == [
+            upgrade.name
+        ]
+        conn.execute("UPDATE app.landing SET fine = fine + 0.0001, grp = 'b' WHERE id = 1")
         conn.execute("DELETE FROM app.landing WHERE id = 2")
         conn.commit()
         assert conn.execute(TABLE).fetchall() == conn.execute(FRESH).fetchall()

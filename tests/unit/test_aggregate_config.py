@@ -13,7 +13,7 @@ from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.core.errors import MigrationError
 from cdcsync.migrations import POSTGRES
-from tests.legacy_aggregates import legacy_layout
+from tests.legacy_aggregates import first_trigger_revision, legacy_layout
 from tests.unit.test_pipeline_config import problems_of, with_change
 from tests.unit.test_templates import check_golden
 
@@ -255,4 +255,17 @@ def test_a_running_state_upgrade_is_an_additive_migration(tmp_path: Path) -> Non
     assert '"fine_total", "fine_avg_f", "raw_avg"' in text  # named in the header
     assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]
     migrations.init(POSTGRES, validate_pipeline_dict(doc), tmp_path)  # up to date now: nothing more
+    assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]
+
+
+def test_a_newer_trigger_revision_is_an_upgrade_of_the_functions_only(tmp_path: Path) -> None:
+    with first_trigger_revision():
+        migrations.init(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
+    directory = tmp_path / "shop" / "postgres"
+    migrations.init(POSTGRES, validate_pipeline_dict(VALID), tmp_path)
+    upgrade = directory / "0002_upgrade_aggregate_revenue.sql"
+    text = upgrade.read_text()
+    assert 'the trigger functions on "app"."orders_state"' in text and "revision 2" in text
+    assert text.count("CREATE OR REPLACE FUNCTION") == 3 and "LOCK TABLE" not in text
+    migrations.init(POSTGRES, validate_pipeline_dict(VALID), tmp_path)  # up to date now: nothing more
     assert sorted(path.name for path in directory.iterdir()) == ["0001_init.sql", upgrade.name]

@@ -7,8 +7,8 @@
 --         or: psql --single-transaction -v ON_ERROR_STOP=1 -f 0002_upgrade_aggregate_revenue.sql
 -- the checksum covers the SQL between this header and the ledger record at the end;
 -- an applied file must not change: write a new migration instead
--- checksum: sha256:33b3a3f22de593f67d0c08c4e0e9aac9b509a84182cdccd931690e9f8aa02ddd
--- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"},{"accumulator_type":"numeric","fn":"sum","index":null,"name":"fine_total","source":"fine","type":"numeric(18,2)"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"fine_avg_f","source":"fine","type":"double precision"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"raw_avg","scale_index":"revenue_by_customer__raw__scale","source":"raw","type":"numeric"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"},{"name":"fine","type":"numeric(12,4)"},{"name":"raw","type":"numeric"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
+-- checksum: sha256:8dd99b79247da3f9b48fa42774396f10e53d7d6ce090f72d1f91cb942b514908
+-- cdcsync-state: {"database":"postgres","format":1,"internal_schema":"cdcsync","internal_version":6,"pipeline":"shop","roles":{"owner":"cdcsync_owner","writer":"cdcsync_writer"},"sinks":{"revenue":{"aggregate":{"aggregates":[{"accumulator_type":"numeric(18,2)","fn":"sum","index":null,"name":"revenue","source":"amount","type":"numeric(18,2)"},{"accumulator_type":null,"fn":"count","index":null,"name":"orders","source":null,"type":"bigint"},{"accumulator_type":"bigint","fn":"sum","index":null,"name":"units","source":"qty","type":"bigint"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"avg_amount","source":"amount","type":"numeric"},{"accumulator_type":"double precision","fn":"avg","index":null,"name":"avg_price","source":"price","type":"double precision"},{"accumulator_type":null,"fn":"min","index":"revenue_by_customer__amount__minmax","name":"smallest","source":"amount","type":"numeric(12,2)"},{"accumulator_type":null,"fn":"max","index":"revenue_by_customer__amount__minmax","name":"amount","source":"amount","type":"numeric(12,2)"},{"accumulator_type":"numeric","fn":"sum","index":null,"name":"fine_total","source":"fine","type":"numeric(18,2)"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"fine_avg_f","source":"fine","type":"double precision"},{"accumulator_type":"numeric","fn":"avg","index":null,"name":"raw_avg","scale_index":"revenue_by_customer__raw__scale","source":"raw","type":"numeric"}],"empty_groups":"delete","empty_index":"revenue_by_customer__empty","functions":{"delete":"shop__revenue__agg_delete","insert":"shop__revenue__agg_insert","update":"shop__revenue__agg_update"},"group_by":[{"cast":true,"name":"customer_id","source":"customer_id","type":"bigint"},{"cast":false,"name":"region","source":"region","type":"character varying(8)"}],"revision":2,"table":"revenue_by_customer"},"columns":[{"name":"id","type":"bigint"},{"name":"customer_id","type":"integer"},{"name":"region","type":"character varying(8)"},{"name":"amount","type":"numeric(12,2)"},{"name":"qty","type":"integer"},{"name":"price","type":"double precision"},{"name":"paid","type":"boolean"},{"name":"meta","type":"jsonb"},{"name":"fine","type":"numeric(12,4)"},{"name":"raw","type":"numeric"}],"delete_mode":"hard","primary_key":["id"],"schema":"app","stage_table":"shop__revenue__stage","table":"orders_state","tombstone_table":"shop__revenue__tombstones","version_type":"numeric(38,0)"}}}
 
 
 SET LOCAL ROLE "cdcsync_owner";
@@ -75,27 +75,22 @@ CREATE INDEX IF NOT EXISTS "revenue_by_customer__raw__scale" ON "app"."orders_st
 CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_insert"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
 BEGIN
     INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount", "_cdc_fine_total_sum", "fine_total", "_cdc_fine_total_n", "fine_avg_f_sum", "fine_avg_f_count", "raw_avg_sum", "raw_avg_count", "_cdc_raw_avg_scale")
-    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7"), sum(d."v8"), (sum(d."v8"))::numeric(18,2), sum(d."n8"), sum(d."v9"), sum(d."n9"), sum(d."v10"), sum(d."n10"), max(d."s10")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n2"), sum(d."_cdc_rows"), sum(d."v3"), sum(d."n4"), sum(d."v5"), sum(d."n2"), sum(d."v6"), sum(d."n7"), min(d."v8"), max(d."v8"), sum(d."v9"), (sum(d."v9"))::numeric(18,2), sum(d."n10"), sum(d."v9"), sum(d."n10"), sum(d."v11"), sum(d."n12"), max(d."s13")
     FROM (
         SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", 1 AS "_cdc_rows",
             (r."amount")::numeric(18,2) AS "v1",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n1",
-            1 AS "n2",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n2",
             (r."qty")::bigint AS "v3",
-            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n3",
-            (r."amount")::numeric AS "v4",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n4",
-            (r."price")::double precision AS "v5",
-            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n5",
-            (r."amount")::numeric(12,2) AS "v6",
-            (r."amount")::numeric(12,2) AS "v7",
-            (r."fine")::numeric AS "v8",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n8",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n4",
+            (r."amount")::numeric AS "v5",
+            (r."price")::double precision AS "v6",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n7",
+            (r."amount")::numeric(12,2) AS "v8",
             (r."fine")::numeric AS "v9",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n9",
-            (r."raw")::numeric AS "v10",
-            CASE WHEN r."raw" IS NULL THEN 0 ELSE 1 END AS "n10",
-            scale(r."raw") AS "s10"
+            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n10",
+            (r."raw")::numeric AS "v11",
+            CASE WHEN r."raw" IS NULL THEN 0 ELSE 1 END AS "n12",
+            scale(r."raw") AS "s13"
         FROM new_rows AS r
     ) AS d
     GROUP BY "customer_id", "region"
@@ -127,7 +122,7 @@ BEGIN
         "raw_avg_sum" = CASE WHEN a."raw_avg_count" + EXCLUDED."raw_avg_count" = 0 THEN NULL
             ELSE coalesce(a."raw_avg_sum", 0) + coalesce(EXCLUDED."raw_avg_sum", 0) END,
         "raw_avg_count" = a."raw_avg_count" + EXCLUDED."raw_avg_count",
-        "_cdc_raw_avg_scale" = greatest(a."_cdc_raw_avg_scale", EXCLUDED."_cdc_raw_avg_scale");
+"_cdc_raw_avg_scale" = greatest(a."_cdc_raw_avg_scale", EXCLUDED."_cdc_raw_avg_scale");
     RETURN NULL;
 END
 $cdcsync$;
@@ -138,50 +133,43 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_insert"
     EXECUTE FUNCTION "cdcsync"."shop__revenue__agg_insert"();
 
 CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_update"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
+DECLARE
+    emptied boolean;
 BEGIN
+    WITH "_cdc_delta" AS (
     INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount", "_cdc_fine_total_sum", "fine_total", "_cdc_fine_total_n", "fine_avg_f_sum", "fine_avg_f_count", "raw_avg_sum", "raw_avg_count", "_cdc_raw_avg_scale")
-    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7"), sum(d."v8"), (sum(d."v8"))::numeric(18,2), sum(d."n8"), sum(d."v9"), sum(d."n9"), sum(d."v10"), sum(d."n10"), max(d."s10")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n2"), sum(d."_cdc_rows"), sum(d."v3"), sum(d."n4"), sum(d."v5"), sum(d."n2"), sum(d."v6"), sum(d."n7"), min(d."v8"), max(d."v8"), sum(d."v9"), (sum(d."v9"))::numeric(18,2), sum(d."n10"), sum(d."v9"), sum(d."n10"), sum(d."v11"), sum(d."n12"), max(d."s13")
     FROM (
         SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", 1 AS "_cdc_rows",
             (r."amount")::numeric(18,2) AS "v1",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n1",
-            1 AS "n2",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n2",
             (r."qty")::bigint AS "v3",
-            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n3",
-            (r."amount")::numeric AS "v4",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE 1 END AS "n4",
-            (r."price")::double precision AS "v5",
-            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n5",
-            (r."amount")::numeric(12,2) AS "v6",
-            (r."amount")::numeric(12,2) AS "v7",
-            (r."fine")::numeric AS "v8",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n8",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE 1 END AS "n4",
+            (r."amount")::numeric AS "v5",
+            (r."price")::double precision AS "v6",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE 1 END AS "n7",
+            (r."amount")::numeric(12,2) AS "v8",
             (r."fine")::numeric AS "v9",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n9",
-            (r."raw")::numeric AS "v10",
-            CASE WHEN r."raw" IS NULL THEN 0 ELSE 1 END AS "n10",
-            scale(r."raw") AS "s10"
+            CASE WHEN r."fine" IS NULL THEN 0 ELSE 1 END AS "n10",
+            (r."raw")::numeric AS "v11",
+            CASE WHEN r."raw" IS NULL THEN 0 ELSE 1 END AS "n12",
+            scale(r."raw") AS "s13"
         FROM new_rows AS r
         UNION ALL
         SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", -1 AS "_cdc_rows",
             -(r."amount")::numeric(18,2) AS "v1",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n1",
-            -1 AS "n2",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n2",
             -(r."qty")::bigint AS "v3",
-            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n3",
-            -(r."amount")::numeric AS "v4",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n4",
-            -(r."price")::double precision AS "v5",
-            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n5",
-            NULL::numeric(12,2) AS "v6",
-            NULL::numeric(12,2) AS "v7",
-            -(r."fine")::numeric AS "v8",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n8",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n4",
+            -(r."amount")::numeric AS "v5",
+            -(r."price")::double precision AS "v6",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n7",
+            (r."amount")::numeric(12,2) AS "v8",
             -(r."fine")::numeric AS "v9",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n9",
-            -(r."raw")::numeric AS "v10",
-            CASE WHEN r."raw" IS NULL THEN 0 ELSE -1 END AS "n10",
-            NULL::integer AS "s10"
+            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n10",
+            -(r."raw")::numeric AS "v11",
+            CASE WHEN r."raw" IS NULL THEN 0 ELSE -1 END AS "n12",
+            scale(r."raw") AS "s13"
         FROM old_rows AS r
     ) AS d
     GROUP BY "customer_id", "region"
@@ -200,8 +188,18 @@ BEGIN
         "avg_price_sum" = CASE WHEN a."avg_price_count" + EXCLUDED."avg_price_count" = 0 THEN NULL
             ELSE coalesce(a."avg_price_sum", 0) + coalesce(EXCLUDED."avg_price_sum", 0) END,
         "avg_price_count" = a."avg_price_count" + EXCLUDED."avg_price_count",
-        "smallest" = least(a."smallest", EXCLUDED."smallest"),
-        "amount" = greatest(a."amount", EXCLUDED."amount"),
+        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            WHEN a."smallest" IS NULL THEN EXCLUDED."smallest"
+            ELSE a."smallest" END,
+        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            WHEN a."amount" IS NULL THEN EXCLUDED."amount"
+            ELSE a."amount" END,
         "_cdc_fine_total_sum" = CASE WHEN a."_cdc_fine_total_n" + EXCLUDED."_cdc_fine_total_n" = 0 THEN NULL
             ELSE coalesce(a."_cdc_fine_total_sum", 0) + coalesce(EXCLUDED."_cdc_fine_total_sum", 0) END,
         "fine_total" = (CASE WHEN a."_cdc_fine_total_n" + EXCLUDED."_cdc_fine_total_n" = 0 THEN NULL
@@ -213,35 +211,20 @@ BEGIN
         "raw_avg_sum" = CASE WHEN a."raw_avg_count" + EXCLUDED."raw_avg_count" = 0 THEN NULL
             ELSE coalesce(a."raw_avg_sum", 0) + coalesce(EXCLUDED."raw_avg_sum", 0) END,
         "raw_avg_count" = a."raw_avg_count" + EXCLUDED."raw_avg_count",
-        "_cdc_raw_avg_scale" = greatest(a."_cdc_raw_avg_scale", EXCLUDED."_cdc_raw_avg_scale");
-
-    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "smallest", "amount", "_cdc_raw_avg_scale")
-    SELECT "customer_id", "region", min(o."v1"), max(o."v2"), max(o."v3")
-    FROM (
-        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", (r."amount")::numeric(12,2) AS "v1", (r."amount")::numeric(12,2) AS "v2", scale(r."raw") AS "v3"
-        FROM old_rows AS r
-    ) AS o
-    GROUP BY "customer_id", "region"
-    ON CONFLICT ("customer_id", "region") DO UPDATE SET
-        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
-            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
-                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
-                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
-            ELSE a."smallest" END,
-        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
-            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
-                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
-                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
-            ELSE a."amount" END,
-        "_cdc_raw_avg_scale" = CASE WHEN EXCLUDED."_cdc_raw_avg_scale" >= a."_cdc_raw_avg_scale"
+"_cdc_raw_avg_scale" = CASE WHEN EXCLUDED."_cdc_raw_avg_scale" >= a."_cdc_raw_avg_scale"
             THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
                 THEN (SELECT max(scale(l."raw")) FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::integer
                 ELSE (SELECT max(scale(l."raw")) FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::integer END
-            ELSE a."_cdc_raw_avg_scale" END;
+            WHEN a."_cdc_raw_avg_scale" IS NULL THEN EXCLUDED."_cdc_raw_avg_scale"
+            ELSE a."_cdc_raw_avg_scale" END
+    RETURNING "_cdc_rows" = 0 AS "_cdc_emptied"
+    )
+    SELECT coalesce(bool_or("_cdc_emptied"), false) INTO emptied FROM "_cdc_delta";
 
-    DELETE FROM "app"."revenue_by_customer" AS a USING old_rows AS r
-    WHERE a."_cdc_rows" = 0 AND a."customer_id" = (r."customer_id")::bigint AND a."region" = r."region";
-    IF EXISTS (SELECT 1 FROM old_rows AS r WHERE r."customer_id" IS NULL OR r."region" IS NULL) THEN
+    IF emptied THEN
+        DELETE FROM "app"."revenue_by_customer" AS a
+        USING (SELECT DISTINCT (r."customer_id")::bigint AS "customer_id", r."region" AS "region" FROM old_rows AS r) AS r
+        WHERE a."_cdc_rows" = 0 AND a."customer_id" = r."customer_id" AND a."region" = r."region";
         DELETE FROM "app"."revenue_by_customer" AS a WHERE a."_cdc_rows" = 0 AND (a."customer_id" IS NULL OR a."region" IS NULL);
     END IF;
     RETURN NULL;
@@ -254,29 +237,27 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_update"
     EXECUTE FUNCTION "cdcsync"."shop__revenue__agg_update"();
 
 CREATE OR REPLACE FUNCTION "cdcsync"."shop__revenue__agg_delete"() RETURNS trigger LANGUAGE plpgsql AS $cdcsync$
+DECLARE
+    emptied boolean;
 BEGIN
+    WITH "_cdc_delta" AS (
     INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "_cdc_rows", "revenue", "_cdc_revenue_n", "orders", "units", "_cdc_units_n", "avg_amount_sum", "avg_amount_count", "avg_price_sum", "avg_price_count", "smallest", "amount", "_cdc_fine_total_sum", "fine_total", "_cdc_fine_total_n", "fine_avg_f_sum", "fine_avg_f_count", "raw_avg_sum", "raw_avg_count", "_cdc_raw_avg_scale")
-    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n1"), sum(d."n2"), sum(d."v3"), sum(d."n3"), sum(d."v4"), sum(d."n4"), sum(d."v5"), sum(d."n5"), min(d."v6"), max(d."v7"), sum(d."v8"), (sum(d."v8"))::numeric(18,2), sum(d."n8"), sum(d."v9"), sum(d."n9"), sum(d."v10"), sum(d."n10"), max(d."s10")
+    SELECT "customer_id", "region", sum(d."_cdc_rows"), sum(d."v1"), sum(d."n2"), sum(d."_cdc_rows"), sum(d."v3"), sum(d."n4"), sum(d."v5"), sum(d."n2"), sum(d."v6"), sum(d."n7"), min(d."v8"), max(d."v8"), sum(d."v9"), (sum(d."v9"))::numeric(18,2), sum(d."n10"), sum(d."v9"), sum(d."n10"), sum(d."v11"), sum(d."n12"), max(d."s13")
     FROM (
         SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", -1 AS "_cdc_rows",
             -(r."amount")::numeric(18,2) AS "v1",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n1",
-            -1 AS "n2",
+            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n2",
             -(r."qty")::bigint AS "v3",
-            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n3",
-            -(r."amount")::numeric AS "v4",
-            CASE WHEN r."amount" IS NULL THEN 0 ELSE -1 END AS "n4",
-            -(r."price")::double precision AS "v5",
-            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n5",
-            NULL::numeric(12,2) AS "v6",
-            NULL::numeric(12,2) AS "v7",
-            -(r."fine")::numeric AS "v8",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n8",
+            CASE WHEN r."qty" IS NULL THEN 0 ELSE -1 END AS "n4",
+            -(r."amount")::numeric AS "v5",
+            -(r."price")::double precision AS "v6",
+            CASE WHEN r."price" IS NULL THEN 0 ELSE -1 END AS "n7",
+            (r."amount")::numeric(12,2) AS "v8",
             -(r."fine")::numeric AS "v9",
-            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n9",
-            -(r."raw")::numeric AS "v10",
-            CASE WHEN r."raw" IS NULL THEN 0 ELSE -1 END AS "n10",
-            NULL::integer AS "s10"
+            CASE WHEN r."fine" IS NULL THEN 0 ELSE -1 END AS "n10",
+            -(r."raw")::numeric AS "v11",
+            CASE WHEN r."raw" IS NULL THEN 0 ELSE -1 END AS "n12",
+            scale(r."raw") AS "s13"
         FROM old_rows AS r
     ) AS d
     GROUP BY "customer_id", "region"
@@ -295,8 +276,18 @@ BEGIN
         "avg_price_sum" = CASE WHEN a."avg_price_count" + EXCLUDED."avg_price_count" = 0 THEN NULL
             ELSE coalesce(a."avg_price_sum", 0) + coalesce(EXCLUDED."avg_price_sum", 0) END,
         "avg_price_count" = a."avg_price_count" + EXCLUDED."avg_price_count",
-        "smallest" = least(a."smallest", EXCLUDED."smallest"),
-        "amount" = greatest(a."amount", EXCLUDED."amount"),
+        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            WHEN a."smallest" IS NULL THEN EXCLUDED."smallest"
+            ELSE a."smallest" END,
+        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
+            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
+                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
+                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
+            WHEN a."amount" IS NULL THEN EXCLUDED."amount"
+            ELSE a."amount" END,
         "_cdc_fine_total_sum" = CASE WHEN a."_cdc_fine_total_n" + EXCLUDED."_cdc_fine_total_n" = 0 THEN NULL
             ELSE coalesce(a."_cdc_fine_total_sum", 0) + coalesce(EXCLUDED."_cdc_fine_total_sum", 0) END,
         "fine_total" = (CASE WHEN a."_cdc_fine_total_n" + EXCLUDED."_cdc_fine_total_n" = 0 THEN NULL
@@ -308,35 +299,20 @@ BEGIN
         "raw_avg_sum" = CASE WHEN a."raw_avg_count" + EXCLUDED."raw_avg_count" = 0 THEN NULL
             ELSE coalesce(a."raw_avg_sum", 0) + coalesce(EXCLUDED."raw_avg_sum", 0) END,
         "raw_avg_count" = a."raw_avg_count" + EXCLUDED."raw_avg_count",
-        "_cdc_raw_avg_scale" = greatest(a."_cdc_raw_avg_scale", EXCLUDED."_cdc_raw_avg_scale");
-
-    INSERT INTO "app"."revenue_by_customer" AS a ("customer_id", "region", "smallest", "amount", "_cdc_raw_avg_scale")
-    SELECT "customer_id", "region", min(o."v1"), max(o."v2"), max(o."v3")
-    FROM (
-        SELECT (r."customer_id")::bigint AS "customer_id", r."region" AS "region", (r."amount")::numeric(12,2) AS "v1", (r."amount")::numeric(12,2) AS "v2", scale(r."raw") AS "v3"
-        FROM old_rows AS r
-    ) AS o
-    GROUP BY "customer_id", "region"
-    ON CONFLICT ("customer_id", "region") DO UPDATE SET
-        "smallest" = CASE WHEN EXCLUDED."smallest" <= a."smallest"
-            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
-                THEN (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
-                ELSE (SELECT min(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
-            ELSE a."smallest" END,
-        "amount" = CASE WHEN EXCLUDED."amount" >= a."amount"
-            THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
-                THEN (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::numeric(12,2)
-                ELSE (SELECT max(l."amount") FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::numeric(12,2) END
-            ELSE a."amount" END,
-        "_cdc_raw_avg_scale" = CASE WHEN EXCLUDED."_cdc_raw_avg_scale" >= a."_cdc_raw_avg_scale"
+"_cdc_raw_avg_scale" = CASE WHEN EXCLUDED."_cdc_raw_avg_scale" >= a."_cdc_raw_avg_scale"
             THEN CASE WHEN a."customer_id" IS NULL OR a."region" IS NULL
                 THEN (SELECT max(scale(l."raw")) FROM "app"."orders_state" AS l WHERE ((l."customer_id")::bigint = a."customer_id" OR ((l."customer_id")::bigint IS NULL AND a."customer_id" IS NULL)) AND (l."region" = a."region" OR (l."region" IS NULL AND a."region" IS NULL)))::integer
                 ELSE (SELECT max(scale(l."raw")) FROM "app"."orders_state" AS l WHERE (l."customer_id")::bigint = a."customer_id" AND l."region" = a."region")::integer END
-            ELSE a."_cdc_raw_avg_scale" END;
+            WHEN a."_cdc_raw_avg_scale" IS NULL THEN EXCLUDED."_cdc_raw_avg_scale"
+            ELSE a."_cdc_raw_avg_scale" END
+    RETURNING "_cdc_rows" = 0 AS "_cdc_emptied"
+    )
+    SELECT coalesce(bool_or("_cdc_emptied"), false) INTO emptied FROM "_cdc_delta";
 
-    DELETE FROM "app"."revenue_by_customer" AS a USING old_rows AS r
-    WHERE a."_cdc_rows" = 0 AND a."customer_id" = (r."customer_id")::bigint AND a."region" = r."region";
-    IF EXISTS (SELECT 1 FROM old_rows AS r WHERE r."customer_id" IS NULL OR r."region" IS NULL) THEN
+    IF emptied THEN
+        DELETE FROM "app"."revenue_by_customer" AS a
+        USING (SELECT DISTINCT (r."customer_id")::bigint AS "customer_id", r."region" AS "region" FROM old_rows AS r) AS r
+        WHERE a."_cdc_rows" = 0 AND a."customer_id" = r."customer_id" AND a."region" = r."region";
         DELETE FROM "app"."revenue_by_customer" AS a WHERE a."_cdc_rows" = 0 AND (a."customer_id" IS NULL OR a."region" IS NULL);
     END IF;
     RETURN NULL;
@@ -350,5 +326,5 @@ CREATE OR REPLACE TRIGGER "cdcsync_aggregate_delete"
 
 -- cdcsync-ledger: record this file as applied (cdcsync migrate records it itself)
 INSERT INTO "cdcsync"."schema_migrations" ("pipeline", "filename", "checksum")
-VALUES ('shop', '0002_upgrade_aggregate_revenue.sql', 'sha256:33b3a3f22de593f67d0c08c4e0e9aac9b509a84182cdccd931690e9f8aa02ddd')
+VALUES ('shop', '0002_upgrade_aggregate_revenue.sql', 'sha256:8dd99b79247da3f9b48fa42774396f10e53d7d6ce090f72d1f91cb942b514908')
 ON CONFLICT ("pipeline", "filename") DO NOTHING;
