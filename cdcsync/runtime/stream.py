@@ -69,6 +69,7 @@ from cdcsync.sources.kafka import (
     KnownWrappers,
     TopicDecoders,
     WrapperSet,
+    batch_read,
     query_broker_failure,
     source_brokers,
     spark_kafka_options,
@@ -312,6 +313,19 @@ class BatchHandler:
         self.stats.last_batch_id = batch_id
         self.stats.last_batch_done_at = time.monotonic()
 
+    def _peek_frame(self, raw: DataFrame, batch_id: int) -> DataFrame | None:
+        """What :class:`KnownWrappers` peeks at for a first wrapper: the batch's messages read apart from it
+        (:func:`~cdcsync.sources.kafka.batch_read`; a job over ``raw`` itself would count as rows the batch read);
+        None when that cannot be set up (no settings, no ranges in the checkpoint): the tasks report the wrappers."""
+        ranges = batch_offsets(self.checkpoint_dir, batch_id)
+        if self.settings is None or not ranges:
+            return None
+        try:
+            return batch_read(raw.sparkSession, self.pipeline.name, self.source, self.settings, ranges)
+        except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
+            log.debug("setting up the read of batch %d's first message failed: %s", batch_id, error)
+            return None
+
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         if self.stats.first_batch_at is None:
@@ -322,7 +336,7 @@ class BatchHandler:
         met: Accumulator[set[bytes]] | None = None
         if cut:
             met = self.spark_context.accumulator(set(), WrapperSet())  # type: ignore[arg-type]
-        wrappers = self.wrappers.for_batch(raw) if cut else ()
+        wrappers = self.wrappers.for_batch(self._peek_frame(raw, batch_id)) if cut else ()
         decode = self._decoder(dead_letters, wrappers, met)
         evolutions = 0
         while True:

@@ -37,7 +37,9 @@ from cdcsync.sources.debezium.wrappers import CUT_COLUMNS, MAX_WRAPPERS, WRAPPED
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import Accumulator
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdcsync.db.ledger import OffsetRanges
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +198,9 @@ class KnownWrappers:
     wrappers: tuple[bytes, ...] = ()
     peeked: bool = False
 
-    def for_batch(self, raw: DataFrame) -> tuple[bytes, ...]:
-        """The wrappers to cut off this batch's messages."""
-        if not self.wrappers and not self.peeked:
+    def for_batch(self, raw: DataFrame | None) -> tuple[bytes, ...]:
+        """The wrappers to cut off this batch's messages; ``raw``: its messages to peek at (None: no peek)."""
+        if raw is not None and not self.wrappers and not self.peeked:
             found = first_wrappers(raw)
             self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
             self.learn(found or [])
@@ -207,6 +209,29 @@ class KnownWrappers:
     def learn(self, seen: Iterable[bytes]) -> None:
         new = tuple(sorted(wrapper for wrapper in set(seen) if wrapper not in self.wrappers))
         self.wrappers = (new + self.wrappers)[:MAX_WRAPPERS]
+
+
+def batch_read(
+    spark: SparkSession, pipeline_name: str, source: KafkaSource, settings: Settings, ranges: OffsetRanges
+) -> DataFrame:
+    """The messages of a micro-batch's offset ``ranges`` (from the checkpoint), read apart from the batch, for
+    :class:`KnownWrappers` to peek at.
+
+    Not the micro-batch's own DataFrame: Spark counts every row a job over that one reads as read by the batch
+    (its progress' ``numInputRows``, so the run's ``changes_in`` figures), and the peek is no change read."""
+    import json
+
+    options = spark_kafka_options(pipeline_name, source, settings)
+    for streaming_only in ("subscribe", "subscribePattern", "startingOffsets", "maxOffsetsPerTrigger"):
+        options.pop(streaming_only, None)
+    starts = {t: {p: -2 if bounds[0] is None else bounds[0] for p, bounds in ps.items()} for t, ps in ranges.items()}
+    options["assign"] = json.dumps({topic: [int(p) for p in partitions] for topic, partitions in ranges.items()})
+    options["startingOffsets"] = json.dumps(starts)
+    options["endingOffsets"] = json.dumps({t: {p: bounds[1] for p, bounds in ps.items()} for t, ps in ranges.items()})
+    reader = spark.read.format("kafka")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
 
 
 def first_wrappers(raw: DataFrame) -> list[bytes] | None:
