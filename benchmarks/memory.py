@@ -50,7 +50,7 @@ from benchmarks.common import (
     bench_services,
     cdcsync_run,
     cli_env,
-    delete_topic,
+    delete_topics,
     drop_database,
     fresh_database,
     init_and_migrate,
@@ -260,10 +260,7 @@ def drain(args: argparse.Namespace, root: Path, services: BenchServices, changes
     finally:
         if dsn:
             drop_database(services.admin_dsn, dsn)
-        try:
-            delete_topic(services.bootstrap, topic)
-        except Exception as error:  # e.g. never created, the producer having failed first: say so, go on
-            print(f"warning: topic {topic} not deleted: {error}", flush=True)
+        delete_topics(services.bootstrap, [topic])
 
 
 # ------------------------------------------------------------------------------------------------------ report

@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from benchmarks.common import add_service_arguments, bench_services, delete_topics, fresh_database, machine_line
 from benchmarks.decode import apicurio_registry, decoder_seconds
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
@@ -95,7 +95,11 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-")))
         services = stack.enter_context(bench_services(args, tmp))
         registry_url = stack.enter_context(_registry(args.format, services.schema_registry_url))
-        run(args, tmp, services.admin_dsn, services.bootstrap, registry_url)
+        topics = {"json": f"bench.public.orders_{uuid.uuid4().hex[:8]}"}
+        if args.format == "avro":
+            topics["avro"] = f"bench.public.orders_avro_{uuid.uuid4().hex[:8]}"
+        stack.callback(delete_topics, services.bootstrap, list(topics.values()))
+        run(args, tmp, services.admin_dsn, services.bootstrap, registry_url, topics)
 
 
 @contextlib.contextmanager
@@ -108,7 +112,9 @@ def _registry(fmt: str, given: str) -> Iterator[str]:
         yield url
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, registry_url: str) -> None:
+def run(
+    args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, registry_url: str, topics: dict[str, str]
+) -> None:
     import psycopg
 
     t0 = time.perf_counter()
@@ -121,9 +127,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, re
         flush=True,
     )
     runs = [FormatRun("json", load.events)]
-    topics = {"json": f"bench.public.orders_{uuid.uuid4().hex[:8]}"}
     if args.format == "avro":
-        topics["avro"] = f"bench.public.orders_avro_{uuid.uuid4().hex[:8]}"
         t0 = time.perf_counter()
         avro_events = workload.to_avro(load.events, *workload.register_avro_schemas(registry_url, topics["avro"]))
         print(f"re-encoded them in Avro in {time.perf_counter() - t0:.1f}s", flush=True)
