@@ -317,8 +317,10 @@ class BatchHandler:
         """What :class:`KnownWrappers` peeks at for a first wrapper: the batch's messages read apart from it
         (:func:`~cdcsync.sources.kafka.batch_read`; a job over ``raw`` itself would count as rows the batch read);
         None when that cannot be set up (no settings, no ranges in the checkpoint): the tasks report the wrappers."""
+        if self.settings is None:
+            return None
         ranges = batch_offsets(self.checkpoint_dir, batch_id)
-        if self.settings is None or not ranges:
+        if not ranges:
             return None
         try:
             return batch_read(raw.sparkSession, self.pipeline.name, self.source, self.settings, ranges)
@@ -336,7 +338,9 @@ class BatchHandler:
         met: Accumulator[set[bytes]] | None = None
         if cut:
             met = self.spark_context.accumulator(set(), WrapperSet())  # type: ignore[arg-type]
-        wrappers = self.wrappers.for_batch(self._peek_frame(raw, batch_id)) if cut else ()
+        # The peek reads the checkpoint's ranges for this batch: only while it can still learn something.
+        peek = self._peek_frame(raw, batch_id) if cut and self.wrappers.wants_peek else None
+        wrappers = self.wrappers.for_batch(peek) if cut else ()
         decode = self._decoder(dead_letters, wrappers, met)
         evolutions = 0
         while True:

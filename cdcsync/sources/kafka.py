@@ -198,9 +198,14 @@ class KnownWrappers:
     wrappers: tuple[bytes, ...] = ()
     peeked: bool = False
 
+    @property
+    def wants_peek(self) -> bool:
+        """No wrapper is known yet, and no message has been peeked at for one."""
+        return not self.wrappers and not self.peeked
+
     def for_batch(self, raw: DataFrame | None) -> tuple[bytes, ...]:
         """The wrappers to cut off this batch's messages; ``raw``: its messages to peek at (None: no peek)."""
-        if raw is not None and not self.wrappers and not self.peeked:
+        if raw is not None and self.wants_peek:
             found = first_wrappers(raw)
             self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
             self.learn(found or [])
