@@ -11,8 +11,12 @@ in the source can a reader of the target see it? This benchmark answers that wit
    table ``bench_latency.seen``: one set-based INSERT per merge statement, no per-row round trip;
 3. starts ``cdcsync run`` (streaming, the product's default trigger) as a subprocess, primes it with the first
    second of changes and waits until those are visible (Spark's start is not latency);
-4. produces the remaining changes at a steady ``--rate`` for ``--seconds``, stamping each change's ``ts_ms`` with
-   the wall clock at the moment it is handed to the producer (so ``_cdc_ts`` is "committed in the source" then);
+4. produces changes at a steady ``--rate``: first for ``--warmup-seconds`` (default 60), then, without a pause, for
+   ``--seconds``, stamping each change's ``ts_ms`` with the wall clock at the moment it is handed to the producer
+   (so ``_cdc_ts`` is "committed in the source" then). The headline figures are those of the second phase: a
+   pipeline that has been running for a minute, as a running pipeline's users see it. The warm-up phase's figures
+   are printed beside them: in its first minute the driver JVM is still compiling Spark's per-batch code paths
+   (docs/benchmarks.md, "Latency"), and micro-batches take about twice as long;
 5. a poller reads ``bench_latency.seen`` every ``--poll-ms`` in its own connection and notes, for each logged row,
    when it first became visible (the merge committed): latency = seen - ``_cdc_ts``;
 6. once everything is visible, stops the run with SIGTERM (it finishes its batch and exits 0), checks the mirror
@@ -85,7 +89,13 @@ _POLL = "SELECT id, extract(epoch FROM source_ts) FROM bench_latency.seen WHERE 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=10_000, help="changes per second to produce (default 10000)")
-    parser.add_argument("--seconds", type=float, default=120.0, help="how long to produce (default 120)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long the timed phase produces (default 120)")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=60.0,
+        help="how long to produce at the same rate before the timed phase (default 60; 0 times the run from its start)",
+    )
     parser.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100k)")
     parser.add_argument(
         "--wrapped", action="store_true", help="schema-wrapped JSON (JsonConverter's default) instead of bare payloads"
@@ -102,8 +112,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add_service_arguments(parser)
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0:
-        parser.error("--rate, --seconds, --keys and --poll-ms must be positive")
+    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0 or args.warmup_seconds < 0:
+        parser.error("--rate, --seconds, --keys and --poll-ms must be positive, --warmup-seconds not negative")
     return args
 
 
@@ -113,6 +123,14 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
         raise ValueError("no values")
     rank = max(1, round(fraction * len(sorted_values) + 0.5 - 1e-9))
     return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def phases(seen: Sequence[tuple[float, float]], timed_from: float) -> tuple[list[float], list[float]]:
+    """The latencies of the warm-up and of the timed phase, each ascending: a change belongs to the phase in which
+    it was committed (its source ``ts_ms``), whenever it became visible."""
+    warmup = sorted(latency for source_ts, latency in seen if source_ts < timed_from)
+    timed = sorted(latency for source_ts, latency in seen if source_ts >= timed_from)
+    return warmup, timed
 
 
 def stamp(value: bytes, now_ms: int) -> bytes:
@@ -126,7 +144,8 @@ class Poller:
 
     dsn: str
     interval_s: float
-    latencies: list[float] = field(default_factory=list)
+    seen: list[tuple[float, float]] = field(default_factory=list)
+    """(source commit time, latency) of each timed row, in seconds."""
     measuring_from_id: int | None = None
     """Rows logged up to here belong to the priming changes and are not timed."""
     last_id: int = 0
@@ -153,7 +172,7 @@ class Poller:
                     self.last_id = rows[-1][0]
                     floor = self.measuring_from_id
                     if floor is not None:
-                        self.latencies.extend(seen - float(ts) for row_id, ts in rows if row_id > floor)
+                        self.seen.extend((float(ts), seen - float(ts)) for row_id, ts in rows if row_id > floor)
                 self._stop.wait(self.interval_s)
 
 
@@ -208,10 +227,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
     import psycopg
 
-    total = int(args.rate * args.seconds)
-    load = workload.generate(total + args.rate, args.keys, seed=7, wrapped=args.wrapped)
-    prime_count = _events_for_changes(load.events, args.rate)
-    prime, steady = load.events[:prime_count], load.events[prime_count:]
+    warmup_changes, timed_changes = int(args.rate * args.warmup_seconds), int(args.rate * args.seconds)
+    load = workload.generate(args.rate + warmup_changes + timed_changes, args.keys, seed=7, wrapped=args.wrapped)
+    prime_end = _events_for_changes(load.events, args.rate)
+    warmup_end = _events_for_changes(load.events, args.rate + warmup_changes)
+    prime, warmup, steady = load.events[:prime_end], load.events[prime_end:warmup_end], load.events[warmup_end:]
     topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
@@ -232,8 +252,14 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         _wait(lambda: poller.last_id > 0, run, "the first micro-batch", timeout=300)
         _wait_quiet(poller, run)
         poller.measuring_from_id = poller.last_id
+        print(
+            f"run started and primed; producing {len(warmup):,} messages at {args.rate:,}/s to warm up, then "
+            f"{len(steady):,} timed …",
+            flush=True,
+        )
+        producer.send(warmup, args.rate)
+        timed_from = time.time()
         first_batch, cpu_before = _last_batch(dsn), session_cpu(run.pid)
-        print(f"run started and primed; producing {len(steady):,} messages at {args.rate:,}/s …", flush=True)
         produce_s = producer.send(steady, args.rate)
         _wait(
             lambda: mirror_equals(dsn, load.columns, load.expected),
@@ -249,7 +275,7 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         args.log.write_text(log_path.read_text())
     if run.returncode != 0:
         raise RuntimeError(f"cdcsync run exited {run.returncode}; its log: {log_path.read_text()[-3000:]}")
-    report(args, load, poller.latencies, produce_s, producer.behind_max_s, len(steady))
+    report(args, load, poller.seen, timed_from, produce_s, producer.behind_max_s, len(steady))
     if args.debug:
         text = log_path.read_text()
         report_batches(batches, cpu, batch_timings(text, first_batch), spark_durations(text, first_batch))
@@ -260,12 +286,13 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
 def report(
     args: argparse.Namespace,
     load: workload.Workload,
-    latencies: list[float],
+    seen: list[tuple[float, float]],
+    timed_from: float,
     produce_s: float,
     behind_max_s: float,
     messages: int,
 ) -> None:
-    ordered = sorted(latencies)
+    warmup, ordered = phases(seen, timed_from)
     print()
     print(machine_line())
     print(f"format:                      {'schema-wrapped JSON' if args.wrapped else 'bare JSON'}")
@@ -279,6 +306,11 @@ def report(
             print(f"commit -> visible {label}:       {percentile(ordered, fraction) * 1000:8,.0f} ms")
         print(f"commit -> visible max:       {ordered[-1] * 1000:8,.0f} ms")
         print(f"commit -> visible mean:      {statistics.fmean(ordered) * 1000:8,.0f} ms")
+    if warmup:
+        print(
+            f"warm-up ({args.warmup_seconds:g} s, not in the figures above): p50 {percentile(warmup, 0.5) * 1000:,.0f} "
+            f"ms, p99 {percentile(warmup, 0.99) * 1000:,.0f} ms, max {warmup[-1] * 1000:,.0f} ms"
+        )
     print(f"poll interval:               {args.poll_ms:8,.0f} ms (included in the figures)")
     print(f"mirror verified equal to the expected final state ({len(load.expected):,} rows)")
 

@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from benchmarks.latency import _events_for_changes, batch_timings, parse_args, percentile, spark_durations, stamp
+from benchmarks.latency import (
+    _events_for_changes,
+    batch_timings,
+    parse_args,
+    percentile,
+    phases,
+    spark_durations,
+    stamp,
+)
 from cdcsync.devstack import workload
 
 pytestmark = pytest.mark.unit
@@ -15,10 +23,24 @@ pytestmark = pytest.mark.unit
 
 def test_arguments_defaults_and_refusals() -> None:
     args = parse_args([])
-    assert (args.rate, args.seconds, args.keys, args.wrapped) == (10_000, 120.0, 100_000, False)
+    assert (args.rate, args.seconds, args.warmup_seconds, args.keys, args.wrapped) == (
+        10_000,
+        120.0,
+        60.0,
+        100_000,
+        False,
+    )
     assert parse_args(["--rate", "500", "--wrapped"]).wrapped
-    with pytest.raises(SystemExit):
-        parse_args(["--rate", "0"])
+    assert parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0
+    for refused in (["--rate", "0"], ["--warmup-seconds", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(refused)
+
+
+def test_a_change_is_timed_in_the_phase_it_was_committed_in() -> None:
+    seen = [(99.0, 3.5), (100.0, 0.9), (99.9, 0.2), (101.0, 1.1), (98.0, 7.0)]
+    assert phases(seen, 100.0) == ([0.2, 3.5, 7.0], [0.9, 1.1])
+    assert phases(seen, 0.0) == ([], [0.2, 0.9, 1.1, 3.5, 7.0])
 
 
 def test_percentile_is_nearest_rank() -> None:
