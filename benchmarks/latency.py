@@ -57,6 +57,7 @@ from benchmarks.common import (
     bench_services,
     cdcsync_run,
     cli_env,
+    delete_topics,
     fresh_database,
     init_and_migrate,
     machine_line,
@@ -221,10 +222,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-latency-")))
         services = stack.enter_context(bench_services(args, root))
-        measure(args, root, services.admin_dsn, services.bootstrap)
+        topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
+        stack.callback(delete_topics, services.bootstrap, [topic])
+        measure(args, root, services.admin_dsn, services.bootstrap, topic)
 
 
-def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, topic: str) -> None:
     import psycopg
 
     warmup_changes, timed_changes = int(args.rate * args.warmup_seconds), int(args.rate * args.seconds)
@@ -232,7 +235,6 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     prime_end = _events_for_changes(load.events, args.rate)
     warmup_end = _events_for_changes(load.events, args.rate + warmup_changes)
     prime, warmup, steady = load.events[:prime_end], load.events[prime_end:warmup_end], load.events[warmup_end:]
-    topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
     env = cli_env(root, dsn, bootstrap)

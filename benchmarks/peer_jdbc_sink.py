@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.common import (
     add_service_arguments,
     bench_services,
+    delete_topics,
     fresh_database,
     machine_line,
     prepare_pipeline,
@@ -209,10 +210,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-peer-")))
         services = stack.enter_context(bench_services(args, root))
-        run(args, root, services.admin_dsn, services.bootstrap)
+        topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+        stack.callback(delete_topics, services.bootstrap, [topic])  # ~3 GB of wrapped changes a run
+        run(args, root, services.admin_dsn, services.bootstrap, topic)
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, topic: str) -> None:
     from benchmarks import jdbc_sink
 
     load_before = os.getloadavg()[0]
@@ -225,7 +228,6 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         f"{load.counts['tombstone']:,} tombstones) + {len(replays):,} replayed older changes",
         flush=True,
     )
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
     messages = workload.produce(bootstrap, topic, [*load.events, *replays], partitions=PARTITIONS)
     print(f"produced {messages:,} messages into {topic} in {time.perf_counter() - t0:.1f}s", flush=True)
