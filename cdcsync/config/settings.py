@@ -140,10 +140,36 @@ class RunSettings(_Section):
 class SparkSettings(_Section):
     master: str = "local[2]"
     conf: dict[str, str] = Field(default_factory=dict)
-    """Extra Spark configuration, native keys (``spark.sql.shuffle.partitions``...)."""
+    """Extra Spark configuration, native keys (``spark.sql.shuffle.partitions``...). From the environment
+    (``CDCSYNC__SPARK__CONF__<key>``) a key keeps the case it is written in, because Spark's keys are
+    case-sensitive (``spark.driver.extraJavaOptions``); a key written all in capitals is taken in lower case
+    (``CDCSYNC__SPARK__CONF__SPARK.HADOOP.FS.S3A.ENDPOINT``)."""
     class_data_sharing: bool = True
     """Start the driver JVM from the class-data-sharing archive ``make jars`` builds, when it is there
     (:mod:`cdcsync.runtime.cds`): a faster Spark start, nothing else changes."""
+
+    @field_validator("conf")
+    @classmethod
+    def _keys_as_written(cls, conf: dict[str, str]) -> dict[str, str]:
+        # The environment source reads variable names case-insensitively and hands the keys over in lower case.
+        restored = dict(conf)
+        for key in _spark_conf_keys_in_environment():
+            if key != key.lower() and key.lower() in restored:
+                restored[key] = restored.pop(key.lower())
+        return restored
+
+
+_SPARK_CONF_ENV_PREFIX = "CDCSYNC__SPARK__CONF__"
+
+
+def _spark_conf_keys_in_environment() -> list[str]:
+    """The Spark keys set through ``CDCSYNC__SPARK__CONF__<key>`` variables, as written (all capitals lowered)."""
+    keys = []
+    for name in os.environ:
+        if name.upper().startswith(_SPARK_CONF_ENV_PREFIX) and len(name) > len(_SPARK_CONF_ENV_PREFIX):
+            key = name[len(_SPARK_CONF_ENV_PREFIX) :]
+            keys.append(key.lower() if key == key.upper() else key)
+    return keys
 
 
 class Settings(BaseSettings):

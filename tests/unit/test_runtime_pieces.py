@@ -58,6 +58,20 @@ def test_native_kafka_options_nest_from_env(monkeypatch: pytest.MonkeyPatch) -> 
     assert load_settings().kafka.options == {"security.protocol": "SASL_SSL"}
 
 
+def test_spark_keys_from_env_keep_their_case_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark's keys are case-sensitive: a lowered spark.driver.extrajavaoptions would be ignored by Spark.
+    (tmp_path / "cdcsync.yaml").write_text(
+        "spark: {conf: {spark.driver.extraJavaOptions: '-Dfrom=file', spark.sql.shuffle.partitions: '8'}}\n"
+    )
+    monkeypatch.setenv("CDCSYNC__SPARK__CONF__spark.driver.extraJavaOptions", "-Dfrom=env")
+    monkeypatch.setenv("CDCSYNC__SPARK__CONF__SPARK.HADOOP.FS.S3A.ENDPOINT", "http://minio:9000")
+    assert load_settings().spark.conf == {
+        "spark.driver.extraJavaOptions": "-Dfrom=env",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.hadoop.fs.s3a.endpoint": "http://minio:9000",
+    }
+
+
 def test_dev_stack_ports_move_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDCSYNC__DEVSTACK__POSTGRES_PORT", "6000")
     assert ":6000/" in load_settings().postgres_dsn
