@@ -5,9 +5,10 @@ What a ``mapInArrow`` task of ``make bench``'s mirror does on an executor, in on
 pickled :class:`~cdcsync.engine.batch.StageTask` unpickled (PySpark does that per task), the partition's Kafka rows
 decoded (:class:`~cdcsync.sources.kafka.DecodeTask`), collapsed and written as COPY text
 (:class:`~cdcsync.sinks.postgres.StageWriter`; its connection is a stand-in that takes the bytes and holds no
-stored row). The changes are cut into micro-batches of ``--batch-changes`` messages (the bench's
-``maxOffsetsPerTrigger`` is 500,000; the latency benchmark's batches hold ~14,000) and each micro-batch into one
-task per partition, in Arrow batches of Spark's ``maxRecordsPerBatch``.
+stored row), then the full garbage collection that PySpark's reused workers run after every task. The changes are
+cut into micro-batches of ``--batch-changes`` messages (the bench's ``maxOffsetsPerTrigger`` is 500,000; the
+latency benchmark's batches hold ~14,000) and each micro-batch into one task per partition, in Arrow batches of
+Spark's ``maxRecordsPerBatch``.
 
 Prints process CPU seconds per 1M changes (best of ``--repeat``) and per task, so that both the per-change and the
 per-task cost show: the figure to compare before and after a change to the workers, on a shared machine too.
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -152,6 +155,10 @@ def main() -> None:
     task = StageTask(DecodeTask(spec, None, wrappers=(wrapper,) if wrapper else ()), (writer_for(sink, 7, "bench"),))
     pickled = cloudpickle.dumps(task)
     tasks = tasks_of(load.events, args.batch_changes, args.partitions, wrapper)
+    messages = sum(e.value is not None or e.key is not None for e in load.events)
+    del load  # a worker holds no generated changes: the collection after each task should not walk them
+    gc.collect()
+    os.environ["SPARK_REUSE_WORKER"] = "1"  # as in a reused PySpark worker (cdcsync.core.worker_heap)
     copied: list[int] = []
     postgres_sink.reused_connection = lambda dsn: contextlib.nullcontext(_Connection(copied))  # type: ignore[assignment]
 
@@ -163,6 +170,8 @@ def main() -> None:
             for counts in run(iter(batches)):
                 assert counts.column("report").null_count == counts.num_rows, counts.column("report")
                 staged += pa.compute.sum(counts.column("rows")).as_py() or 0
+            del run
+            gc.collect()  # what a reused PySpark worker does after each task (pyspark/daemon.py)
         return staged
 
     staged = one_pass()  # warm: the plan, the schemas
@@ -171,7 +180,6 @@ def main() -> None:
         started = time.process_time()
         one_pass()
         best = min(best, time.process_time() - started)
-    messages = sum(len(e.value or b"") > 0 or e.key is not None for e in load.events)
     print(
         f"{args.changes:,} changes ({messages:,} messages{', wrapped' if args.wrapped else ''}) over "
         f"{args.keys:,} keys, micro-batches of {args.batch_changes:,} messages: {len(tasks)} tasks, "
