@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cdcsync.config.pipeline import RoutedClickHouseSink, RoutedPostgresSink
 from cdcsync.core.errors import CdcsyncError
 from cdcsync.core.reports import Report, ReportedFailure, first_to_raise
+from cdcsync.core.worker_heap import freeze_long_lived
 from cdcsync.db.executor_errors import executor_error
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.sinks import key_moves
@@ -95,6 +96,7 @@ class StageTask:
     writers: tuple[ExecutorWriter, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_long_lived()
         try:
             decoded = list(self.decode(batches))
         except ReportedFailure as failure:
@@ -121,6 +123,7 @@ class RoutedStageTask:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        freeze_long_lived()
         rows = pa.Table.from_batches([batch for batch in batches if batch.num_rows])
         counts = [0] * len(self.writers)
         if rows.num_rows == 0:
@@ -157,6 +160,7 @@ class StageRowsTask:
     writers: tuple[ExecutorWriter, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_long_lived()
         yield _stage_all(self.writers, [batch for batch in batches if batch.num_rows])
 
 

@@ -33,6 +33,7 @@ from cdcsync.config.plan import (
     prior_keys_view,
 )
 from cdcsync.core.reports import ReportedFailure
+from cdcsync.core.worker_heap import freeze_long_lived
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.engine.batch import (
     BatchSink,
@@ -111,6 +112,7 @@ class DecodeRowsTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
+        freeze_long_lived()
         try:
             for batch in self.decode(batches):
                 yield batch.append_column(_FAILURE, pa.nulls(batch.num_rows, pa.string()))

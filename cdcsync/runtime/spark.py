@@ -126,7 +126,9 @@ def _import_executor_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
 
     import cdcsync
     import cdcsync.engine.batch
+    from cdcsync.core.worker_heap import freeze_long_lived
 
+    freeze_long_lived()  # what was just imported lives as long as the worker: keep it out of every task's collection
     for batch in batches:
         yield pa.RecordBatch.from_pydict({"version": [cdcsync.__version__] * batch.num_rows})
 

@@ -127,13 +127,16 @@ def newest_per_key(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = tombstones.rank_tombstones(table, primary_key)
-    if table.num_rows <= 1:
-        return table
-    order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
-    if "_cdc_offset" in table.column_names:  # a tie (a tombstone and the delete it follows): the later message
-        order.append(("_cdc_offset", "descending"))
-    table = table.sort_by(order)
+    sorted_table = tombstones.ranked_newest_first(table, primary_key)  # the common case, one cheaper sort
+    if sorted_table is None:
+        table = tombstones.rank_tombstones(table, primary_key)
+        if table.num_rows <= 1:
+            return table
+        order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
+        if "_cdc_offset" in table.column_names:  # a tie (a tombstone and the delete it follows): the later message
+            order.append(("_cdc_offset", "descending"))
+        sorted_table = table.sort_by(order)
+    table = sorted_table
     first_of_run: pa.Array | None = None
     for key in primary_key:
         column = table.column(key).combine_chunks()

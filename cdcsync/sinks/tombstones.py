@@ -77,6 +77,56 @@ def rank_tombstones(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
     return table.set_column(table.schema.get_field_index(VERSION), VERSION, values)
 
 
+def ranked_newest_first(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table | None:
+    """``table`` ranked (:func:`rank_tombstones`) and sorted by key, then by ``_cdc_version`` and ``_cdc_offset``
+    descending (what :func:`cdcsync.sinks.postgres.newest_per_key` sorts by), in one sort by key and offset; None
+    when that shortcut does not give the same order.
+
+    Why: ranking sorted the rows by key and offset, then by version twice (decimal128 sorts, to rank the versions),
+    and the collapse sorted them again by key and version: most of the staging's CPU. In a task's rows (one Kafka
+    partition) a key's versions nearly always grow with the offset; then the offset order, reversed within each
+    key, is the version order too, and a tombstone's rank is simply the version of the nearest earlier change of
+    its key (carried forward). The shortcut checks that growth and declines otherwise (a re-snapshot below a
+    streamed change, the same offset twice, null or floating keys), and the caller takes the general path."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    if n < 2 or "_cdc_offset" not in table.column_names or table.column("_cdc_offset").null_count:
+        return None
+    keys = [table.column(k) for k in primary_key]
+    if any(key.null_count or pa.types.is_floating(key.type) or pa.types.is_null(key.type) for key in keys):
+        return None
+    order = pc.sort_indices(table, sort_keys=[*((k, "ascending") for k in primary_key), ("_cdc_offset", "ascending")])
+    offsets = table.column("_cdc_offset").take(order).combine_chunks()
+    new_group: pa.Array | None = None
+    for key in keys:
+        column = key.take(order).combine_chunks()
+        differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
+        new_group = differs if new_group is None else pc.or_(new_group, differs)
+    assert new_group is not None
+    starts = np.concatenate([[True], new_group.to_numpy(zero_copy_only=False)])
+    if not pc.all(pc.or_(new_group, pc.greater(offsets.slice(1), offsets.slice(0, n - 1)))).as_py():
+        return None  # the same offset twice in a key: only the general path orders those
+    versions = table.column(VERSION).take(order).combine_chunks()
+    rows = np.arange(n)
+    group_start = np.maximum.accumulate(np.where(starts, rows, 0))
+    last_valid = np.maximum.accumulate(np.where(versions.is_valid().to_numpy(zero_copy_only=False), rows, -1))
+    carried = np.where(last_valid >= group_start, last_valid, -1)  # the key's nearest change so far, or none
+    ranked = versions.take(pa.array(carried, mask=carried < 0)) if versions.null_count else versions
+    # A change below the version carried to the row before it (same key): versions do not grow with the offset.
+    fell = pc.fill_null(pc.less(versions.slice(1), ranked.slice(0, n - 1)), False)
+    if pc.any(pc.and_(fell, pc.invert(new_group))).as_py():
+        return None
+    # Reverse each key's rows: position p of a key spanning [start, end) goes to start + end - 1 - p (its own
+    # inverse), which turns offset-ascending into newest-first.
+    group_end = np.append(np.flatnonzero(starts)[1:], n)[np.cumsum(starts) - 1]
+    reversed_within = pa.array(group_start + group_end - 1 - rows)
+    newest_first = table.take(order.take(reversed_within))
+    return newest_first.set_column(newest_first.schema.get_field_index(VERSION), VERSION, ranked.take(reversed_within))
+
+
 def lone(table: pa.Table) -> pa.Array | None:
     """Where ``table`` (collapsed per key) holds lone tombstones, or None when it holds none."""
     import pyarrow.compute as pc

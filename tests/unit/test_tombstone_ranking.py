@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
+from unittest.mock import patch
 
 import pyarrow as pa
 import pytest
@@ -11,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcsync.sinks import tombstones
+from cdcsync.sinks.postgres import newest_per_key
 
 pytestmark = pytest.mark.unit
+
+PLACEHOLDER = "__debezium_unavailable_value"
 
 
 def _rule(keys: list[tuple[Any, ...]], versions: list[Any], offsets: list[int]) -> list[Any]:
@@ -71,3 +75,60 @@ def test_keys_all_null_are_one_key() -> None:
         }
     )
     assert tombstones.rank_tombstones(table, ("a",))["_cdc_version"].to_pylist() == [4, 4, 2]
+
+
+_change = st.tuples(
+    st.one_of(st.none(), st.integers(0, 3)),  # key
+    st.one_of(st.none(), st.integers(0, 9)),  # version (None: a tombstone)
+    st.integers(0, 12),  # offset
+    st.sampled_from(["c", "u", "d", "r"]),
+    st.sampled_from(["x", "y", PLACEHOLDER]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    rows=st.lists(_change, min_size=0, max_size=30),
+    growing=st.booleans(),
+    keep_key_moves=st.booleans(),
+    nullable_key=st.booleans(),
+)
+def test_newest_per_key_in_offset_order_is_the_general_collapse(
+    rows: list[tuple[Any, Any, int, str, str]], growing: bool, keep_key_moves: bool, nullable_key: bool
+) -> None:
+    """The shortcut (one sort by key and offset, :func:`tombstones.ranked_newest_first`) gives the very table of
+    the general path (rank, then sort by key and version), row for row, or declines."""
+    if growing:  # the common case: unique offsets, versions growing with them (tombstones aside)
+        rows = sorted({r[2]: r for r in rows}.values(), key=lambda r: r[2])
+        versions = iter(range(1, 100))
+        rows = [(k, None if v is None else next(versions), o, op, b) for k, v, o, op, b in rows]
+    if not nullable_key:
+        rows = [(0 if k is None else k, *rest) for k, *rest in rows]
+    table = pa.table(
+        {
+            "k": pa.array([r[0] for r in rows], pa.int64()),
+            "_cdc_op": pa.array([r[3] for r in rows], pa.string()),
+            "_cdc_version": pa.array([None if r[1] is None else Decimal(r[1]) for r in rows], pa.decimal128(38, 0)),
+            "_cdc_offset": pa.array([r[2] for r in rows], pa.int64()),
+            "body": pa.array([r[4] for r in rows], pa.string()),
+        }
+    )
+    toastable = (("body", PLACEHOLDER),)
+    shortcut = newest_per_key(table, ("k",), toastable, keep_key_moves=keep_key_moves)
+    with patch.object(tombstones, "ranked_newest_first", return_value=None):
+        general = newest_per_key(table, ("k",), toastable, keep_key_moves=keep_key_moves)
+    assert shortcut.equals(general)
+    if growing and not nullable_key and len(rows) > 1:
+        assert tombstones.ranked_newest_first(table, ("k",)) is not None
+
+
+def test_the_shortcut_declines_versions_that_do_not_grow_with_the_offset() -> None:
+    table = pa.table(
+        {
+            "k": pa.array([1, 1, 2], pa.int64()),
+            "_cdc_version": pa.array([5, 3, 1], pa.int64()),  # a re-snapshot below a streamed change
+            "_cdc_offset": pa.array([0, 1, 2], pa.int64()),
+        }
+    )
+    assert tombstones.ranked_newest_first(table, ("k",)) is None
+    assert newest_per_key(table, ("k",))["_cdc_version"].to_pylist() == [5, 1]

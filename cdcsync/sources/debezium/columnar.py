@@ -36,8 +36,9 @@ _UTC_TIMESTAMP_RE = (
     r"^(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
     r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?Z$"
 )
-_SEQUENCE_RE = r'^\["(?P<commit>[0-9]{1,20})","(?P<lsn>[0-9]{1,20})"\]$'
-_FIRST_SEQUENCE_RE = r'^\[null,"(?P<lsn>[0-9]{1,20})"\]$'
+# ``["<commit>","<lsn>"]``, or ``[null,"<lsn>"]`` (the first change after the connector started): one regex, one pass
+# over the batch; a null in the commit's place leaves its group empty.
+_SEQUENCE_RE = r'^\[(?:"(?P<commit>[0-9]{1,20})"|null),"(?P<lsn>[0-9]{1,20})"\]$'
 
 
 @dataclass(frozen=True)
@@ -280,17 +281,15 @@ def versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | None
 
     sequence = pc.struct_field(source, "sequence")
     pair = pc.extract_regex(sequence, _SEQUENCE_RE)
-    first = pc.extract_regex(sequence, _FIRST_SEQUENCE_RE)
-    has_commit = pc.is_valid(pair)
-    read = pc.or_(has_commit, pc.is_valid(first))
+    read = pc.is_valid(pair)
+    has_commit = pc.fill_null(pc.not_equal(pc.struct_field(pair, "commit"), ""), False)
     source_lsn = pc.struct_field(source, "lsn")
     # No sequence: source.lsn alone. A sequence this path does not read, or neither: the row decoder's.
     by_lsn = pc.and_(pc.is_null(sequence), pc.is_valid(source_lsn))
     zero = pa.scalar("0")
     try:
         commit = pc.cast(pc.if_else(has_commit, pc.struct_field(pair, "commit"), zero), pa.uint64())
-        lsn_text = pc.if_else(has_commit, pc.struct_field(pair, "lsn"), pc.struct_field(first, "lsn"))
-        lsn = pc.cast(pc.if_else(read, lsn_text, zero), pa.uint64())
+        lsn = pc.cast(pc.if_else(read, pc.struct_field(pair, "lsn"), zero), pa.uint64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     lsn = pc.if_else(by_lsn, source_lsn, lsn)

@@ -337,6 +337,7 @@ class RowPlan:
         ascending order unless not ``ordered``), good but for ``redo``; the row decoder decodes those and every
         other input row."""
         pa = self.pa
+        import numpy as np
         import pyarrow.compute as pc
 
         if NEW_KEY_COLUMN in batch.schema.names:  # a key change's delete: the row decoder adds its key-move row
@@ -348,8 +349,11 @@ class RowPlan:
         decoded = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         if len(fast) == batch.num_rows:
             return decoded if ordered else decoded.take(pc.sort_indices(fast))
-        rows = pa.array(range(batch.num_rows), pa.int64())
-        slow = rows.filter(pc.invert(pc.is_in(rows, value_set=fast)))
+        # The other rows, by a mask: a Python range of every row and a hash lookup per row cost more than the
+        # decoding of the few rows they find (tombstones, mostly).
+        remaining = np.ones(batch.num_rows, dtype=bool)
+        remaining[fast.to_numpy(zero_copy_only=False)] = False
+        slow = pa.array(np.flatnonzero(remaining), pa.int64())
         rest, sources = self.decode_rows(batch.take(slow))
         positions = pa.concat_arrays([fast.cast(pa.int64()), slow.take(pa.array(sources, pa.int64()))])
         # sort_indices is stable: a delete stays before its key-move row (both from one message)
