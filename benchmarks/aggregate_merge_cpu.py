@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from benchmarks.aggregate import AGGREGATES, aggregate_sink
 from benchmarks.common import drop_database, fresh_database, prepare_pipeline
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import Pipeline, PostgresAggregateSink, PostgresSink
@@ -45,13 +46,6 @@ TOPIC = "bench.public.orders"
 PARTITIONS = 4
 BATCHES = 3
 _TICK = os.sysconf("SC_CLK_TCK")
-AGGREGATES: dict[str, dict[str, Any]] = {
-    "revenue": {"from": "amount", "fn": "sum"},
-    "orders": {"fn": "count"},
-    "avg_amount": {"from": "amount", "fn": "avg"},
-    "smallest": {"from": "amount", "fn": "min"},
-    "largest": {"from": "amount", "fn": "max"},
-}
 SUMS_ONLY = {name: spec for name, spec in AGGREGATES.items() if spec["fn"] in ("sum", "count")}
 _NO_TRIGGERS = "ALTER TABLE app.orders_state DISABLE TRIGGER USER"
 SETUP: dict[str, tuple[str, ...]] = {
@@ -115,15 +109,7 @@ def decoded_batches(changes: int, keys: int, groups: int, cache: Path) -> tuple[
 def pipeline_for(kind: str) -> Pipeline:
     sink: dict[str, Any] = {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}
     if kind != "upsert":
-        sink = {
-            "type": "postgres_aggregate",
-            "from": "orders",
-            "schema": "app",
-            "landing_table": "orders_state",
-            "agg_table": "revenue",
-            "group_by": {"customer_id": None},
-            "aggregate": SUMS_ONLY if kind == "aggregate-sum" else AGGREGATES,
-        }
+        sink = aggregate_sink(SUMS_ONLY if kind == "aggregate-sum" else AGGREGATES)
     source = {"type": "kafka", "topic": TOPIC, "primary_key": "id", "columns": dict(workload.ORDERS_COLUMNS)}
     return validate_pipeline_dict({"name": "merge_cpu", "sources": {"orders": source}, "sinks": {"sink": sink}})
 
