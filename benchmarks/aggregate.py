@@ -64,6 +64,19 @@ def main() -> None:
         run(args, Path(tmp), services.admin_dsn, services.bootstrap)
 
 
+def aggregate_sink(aggregates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The benchmark's ``postgres_aggregate`` sink (``app.orders_state`` into ``app.revenue`` by ``customer_id``)."""
+    return {
+        "type": "postgres_aggregate",
+        "from": "orders",
+        "schema": "app",
+        "landing_table": "orders_state",
+        "agg_table": "revenue",
+        "group_by": {"customer_id": None},
+        "aggregate": aggregates,
+    }
+
+
 def _pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, Any]) -> Pipeline:
     source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": columns}
     return validate_pipeline_dict({"name": name, "sources": {"orders": source}, "sinks": {"sink": sink}})
@@ -88,20 +101,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     upsert = _pipeline(
         "bench_upsert", topic, columns, {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}
     )
-    aggregate = _pipeline(
-        "bench_aggregate",
-        topic,
-        columns,
-        {
-            "type": "postgres_aggregate",
-            "from": "orders",
-            "schema": "app",
-            "landing_table": "orders_state",
-            "agg_table": "revenue",
-            "group_by": {"customer_id": None},
-            "aggregate": AGGREGATES,
-        },
-    )
+    aggregate = _pipeline("bench_aggregate", topic, columns, aggregate_sink(AGGREGATES))
     upsert_dsn, aggregate_dsn = fresh_database(admin_dsn, "bench"), fresh_database(admin_dsn, "bench")
     # A short run first, so that neither timed run pays the JVM's warm-up.
     warm_topic = f"{topic}_warmup"
