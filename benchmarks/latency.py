@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -48,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from benchmarks import jvm_threads
 from benchmarks.common import (
     add_service_arguments,
     bench_services,
@@ -100,10 +102,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark conf for the run (spark.conf in its settings file; repeatable), e.g. JVM options to compare",
+    )
+    parser.add_argument(
+        "--window-s",
+        type=float,
+        default=60.0,
+        help="with --debug: print CPU per micro-batch for each window of this many seconds (warm-up or steady?)",
+    )
     add_service_arguments(parser)
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0:
-        parser.error("--rate, --seconds, --keys and --poll-ms must be positive")
+    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0 or args.window_s <= 0:
+        parser.error("--rate, --seconds, --keys, --poll-ms and --window-s must be positive")
+    if any("=" not in item for item in args.spark_conf):
+        parser.error("--spark-conf takes KEY=VALUE")
     return args
 
 
@@ -218,6 +235,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     env = cli_env(root, dsn, bootstrap)
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
+    if args.spark_conf:  # a settings file: environment variable names would lose the keys' upper case
+        env["CDCSYNC_CONFIG"] = str(write_settings(root, dict(item.split("=", 1) for item in args.spark_conf)))
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -233,6 +252,7 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         _wait_quiet(poller, run)
         poller.measuring_from_id = poller.last_id
         first_batch, cpu_before = _last_batch(dsn), session_cpu(run.pid)
+        windows = Windows(dsn, run.pid, args.window_s) if args.debug else None
         print(f"run started and primed; producing {len(steady):,} messages at {args.rate:,}/s …", flush=True)
         produce_s = producer.send(steady, args.rate)
         _wait(
@@ -244,6 +264,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         )
         _wait_quiet(poller, run)
         batches, cpu = _last_batch(dsn) - first_batch, _cpu_spent(cpu_before, session_cpu(run.pid))
+        if windows is not None:
+            windows.stop()
     poller.stop()
     if args.log is not None:
         args.log.write_text(log_path.read_text())
@@ -253,6 +275,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     if args.debug:
         text = log_path.read_text()
         report_batches(batches, cpu, batch_timings(text, first_batch), spark_durations(text, first_batch))
+        if windows is not None:
+            windows.report()
     else:
         report_batches(batches, cpu, [])
 
@@ -363,6 +387,92 @@ def report_batches(
             f"p99 {percentile(ordered, 0.99):.3f}, max {ordered[-1]:.3f} s"
         )
     print(f"load average:                {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+def write_settings(root: Path, spark_conf: dict[str, str]) -> Path:
+    """A cdcsync settings file with ``spark.conf`` (``CDCSYNC_CONFIG``) for the run."""
+    import yaml
+
+    path = root / "cdcsync-settings.yaml"
+    path.write_text(yaml.safe_dump({"spark": {"conf": spark_conf}}))
+    return path
+
+
+@dataclass
+class Windows:
+    """CPU per micro-batch in consecutive windows of the timed phase, by process and by JVM thread role
+    (:mod:`benchmarks.jvm_threads`): whether a batch's cost falls as the run goes on (warm-up) or stays."""
+
+    dsn: str
+    session: int
+    every_s: float
+    samples: list[tuple[float, int, dict[str, float], dict[str, float], dict[str, float]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.jvm = _session_jvm(self.session)
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="latency-windows", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        threads = jvm_threads.thread_cpu(self.jvm) if self.jvm else {}
+        roles = jvm_threads.role_cpu(self.jvm) if self.jvm else {}
+        self.samples.append((time.monotonic(), _last_batch(self.dsn), session_cpu(self.session), roles, threads))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+    def report(self) -> None:
+        print(
+            "CPU s per batch by window (process: driver / jvm / workers; JVM threads: "
+            + " / ".join(jvm_threads.ROLES)
+            + "):"
+        )
+        start = self.samples[0][0]
+        for before, after in itertools.pairwise(self.samples):
+            batches = after[1] - before[1]
+            if batches <= 0:
+                continue
+            cpu = _cpu_spent(before[2], after[2])
+            roles = jvm_threads.difference(before[3], after[3])
+            print(
+                f"  {before[0] - start:5.0f}-{after[0] - start:4.0f} s, {batches:3d} batches: "
+                + " / ".join(f"{seconds / batches:.3f}" for seconds in cpu.values())
+                + "; "
+                + " / ".join(f"{roles.get(role, 0.0) / batches:.3f}" for role in jvm_threads.ROLES)
+            )
+        batches = self.samples[-1][1] - self.samples[0][1]
+        if batches > 0:
+            threads = jvm_threads.difference(self.samples[0][4], self.samples[-1][4])
+            busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
+            print(
+                "JVM threads, CPU s per batch over the timed phase: "
+                + ", ".join(f"{name!r} {s / batches:.3f}" for name, s in busiest)
+            )
+
+
+def _session_jvm(session: int) -> int | None:
+    """The Spark driver JVM of the run's session."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session and b"java" in command:
+            return int(entry.name)
+    return None
 
 
 def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) -> int:
