@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +316,15 @@ def session_cpu(session: int) -> dict[str, float]:
     """CPU seconds so far (user + system, all threads) of the run's processes (its session), by role: the
     ``cdcsync run`` Python driver, the Spark driver JVM, and the executors' Python workers (with their daemon)."""
     spent = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+    for pid, fields, command in _session_processes(session):
+        role = "driver" if pid == session else "jvm" if b"java" in command else "workers"
+        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
+    return spent
+
+
+def _session_processes(session: int) -> Iterator[tuple[int, list[str], bytes]]:
+    """(pid, ``stat`` fields after the name, command line) of each process of the run's session (the run was
+    started in a session of its own)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -324,11 +333,8 @@ def session_cpu(session: int) -> dict[str, float]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if int(fields[3]) != session:  # the session id (the run was started in a session of its own)
-            continue
-        role = "driver" if int(entry.name) == session else "jvm" if b"java" in command else "workers"
-        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
-    return spent
+        if int(fields[3]) == session:  # the session id
+            yield int(entry.name), fields, command
 
 
 def _cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -462,17 +468,7 @@ class Windows:
 
 def _session_jvm(session: int) -> int | None:
     """The Spark driver JVM of the run's session."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == session and b"java" in command:
-            return int(entry.name)
-    return None
+    return next((pid for pid, _, command in _session_processes(session) if b"java" in command), None)
 
 
 def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) -> int:
