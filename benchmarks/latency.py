@@ -55,6 +55,8 @@ from benchmarks.common import (
     bench_services,
     cdcsync_run,
     cli_env,
+    delete_topics,
+    drop_database,
     fresh_database,
     init_and_migrate,
     machine_line,
@@ -223,15 +225,32 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
-    import psycopg
 
     total = int(args.rate * args.seconds)
     load = workload.generate(total + args.rate, args.keys, seed=7, wrapped=args.wrapped)
     prime_count = _events_for_changes(load.events, args.rate)
     prime, steady = load.events[:prime_count], load.events[prime_count:]
     topic = f"latency.public.orders_{uuid.uuid4().hex[:8]}"
-    workload.ensure_topic(bootstrap, topic, PARTITIONS)
-    dsn = fresh_database(admin_dsn, "latency")
+    with contextlib.ExitStack() as cleanup:  # on shared services, a run's topic and database would stay behind
+        cleanup.callback(delete_topics, bootstrap, [topic])
+        workload.ensure_topic(bootstrap, topic, PARTITIONS)
+        dsn = fresh_database(admin_dsn, "latency")
+        cleanup.callback(drop_database, admin_dsn, dsn)
+        _measure(args, root, load, prime, steady, topic, dsn, bootstrap)
+
+
+def _measure(
+    args: argparse.Namespace,
+    root: Path,
+    load: workload.Workload,
+    prime: Sequence[workload.ChangeEvent],
+    steady: Sequence[workload.ChangeEvent],
+    topic: str,
+    dsn: str,
+    bootstrap: str,
+) -> None:
+    import psycopg
+
     env = cli_env(root, dsn, bootstrap)
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
