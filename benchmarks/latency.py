@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -45,19 +46,21 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from benchmarks import jvm_threads
 from benchmarks.common import (
     add_service_arguments,
     bench_services,
     cdcsync_run,
     cli_env,
     delete_topics,
+    drop_database,
     fresh_database,
     init_and_migrate,
     machine_line,
@@ -111,10 +114,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark conf for the run (spark.conf in its settings file; repeatable), e.g. JVM options to compare",
+    )
+    parser.add_argument(
+        "--window-s",
+        type=float,
+        default=60.0,
+        help="with --debug: print CPU per micro-batch for each window of this many seconds (warm-up or steady?)",
+    )
     add_service_arguments(parser)
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0 or args.keys <= 0 or args.poll_ms <= 0 or args.warmup_seconds < 0:
-        parser.error("--rate, --seconds, --keys and --poll-ms must be positive, --warmup-seconds not negative")
+    if min(args.rate, args.seconds, args.keys, args.poll_ms, args.window_s) <= 0 or args.warmup_seconds < 0:
+        parser.error(
+            "--rate, --seconds, --keys, --poll-ms and --window-s must be positive, --warmup-seconds not negative"
+        )
+    if any("=" not in item for item in args.spark_conf):
+        parser.error("--spark-conf takes KEY=VALUE")
     return args
 
 
@@ -228,18 +248,36 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, topic: str) -> None:
-    import psycopg
-
     warmup_changes, timed_changes = int(args.rate * args.warmup_seconds), int(args.rate * args.seconds)
     load = workload.generate(args.rate + warmup_changes + timed_changes, args.keys, seed=7, wrapped=args.wrapped)
     prime_end = _events_for_changes(load.events, args.rate)
     warmup_end = _events_for_changes(load.events, args.rate + warmup_changes)
-    prime, warmup, steady = load.events[:prime_end], load.events[prime_end:warmup_end], load.events[warmup_end:]
+    events_by_phase = load.events[:prime_end], load.events[prime_end:warmup_end], load.events[warmup_end:]
     workload.ensure_topic(bootstrap, topic, PARTITIONS)
     dsn = fresh_database(admin_dsn, "latency")
+    try:  # on shared services, a run's database would stay behind
+        _measure(args, root, load, events_by_phase, topic, dsn, bootstrap)
+    finally:
+        drop_database(admin_dsn, dsn)
+
+
+def _measure(
+    args: argparse.Namespace,
+    root: Path,
+    load: workload.Workload,
+    events_by_phase: tuple[Sequence[workload.ChangeEvent], ...],
+    topic: str,
+    dsn: str,
+    bootstrap: str,
+) -> None:
+    import psycopg
+
+    prime, warmup, steady = events_by_phase
     env = cli_env(root, dsn, bootstrap)
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
+    if args.spark_conf:  # a settings file: environment variable names would lose the keys' upper case
+        env["CDCSYNC_CONFIG"] = str(write_settings(root, dict(item.split("=", 1) for item in args.spark_conf)))
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -262,6 +300,7 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         producer.send(warmup, args.rate)
         timed_from = time.time()
         first_batch, cpu_before = _last_batch(dsn), session_cpu(run.pid)
+        windows = Windows(dsn, run.pid, args.window_s) if args.debug else None
         produce_s = producer.send(steady, args.rate)
         _wait(
             lambda: mirror_equals(dsn, load.columns, load.expected),
@@ -272,6 +311,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
         )
         _wait_quiet(poller, run)
         batches, cpu = _last_batch(dsn) - first_batch, _cpu_spent(cpu_before, session_cpu(run.pid))
+        if windows is not None:
+            windows.stop()
     poller.stop()
     if args.log is not None:
         args.log.write_text(log_path.read_text())
@@ -281,6 +322,8 @@ def measure(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str
     if args.debug:
         text = log_path.read_text()
         report_batches(batches, cpu, batch_timings(text, first_batch), spark_durations(text, first_batch))
+        if windows is not None:
+            windows.report()
     else:
         report_batches(batches, cpu, [])
 
@@ -326,6 +369,15 @@ def session_cpu(session: int) -> dict[str, float]:
     """CPU seconds so far (user + system, all threads) of the run's processes (its session), by role: the
     ``cdcsync run`` Python driver, the Spark driver JVM, and the executors' Python workers (with their daemon)."""
     spent = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+    for pid, fields, command in _session_processes(session):
+        role = "driver" if pid == session else "jvm" if b"java" in command else "workers"
+        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
+    return spent
+
+
+def _session_processes(session: int) -> Iterator[tuple[int, list[str], bytes]]:
+    """(pid, ``stat`` fields after the name, command line) of each process of the run's session (the run was
+    started in a session of its own)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -334,11 +386,8 @@ def session_cpu(session: int) -> dict[str, float]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if int(fields[3]) != session:  # the session id (the run was started in a session of its own)
-            continue
-        role = "driver" if int(entry.name) == session else "jvm" if b"java" in command else "workers"
-        spent[role] += sum(int(value) for value in fields[11:15]) / _TICK  # and its ended children's
-    return spent
+        if int(fields[3]) == session:  # the session id
+            yield int(entry.name), fields, command
 
 
 def _cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -397,6 +446,82 @@ def report_batches(
             f"p99 {percentile(ordered, 0.99):.3f}, max {ordered[-1]:.3f} s"
         )
     print(f"load average:                {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+def write_settings(root: Path, spark_conf: dict[str, str]) -> Path:
+    """A cdcsync settings file with ``spark.conf`` (``CDCSYNC_CONFIG``) for the run."""
+    import yaml
+
+    path = root / "cdcsync-settings.yaml"
+    path.write_text(yaml.safe_dump({"spark": {"conf": spark_conf}}))
+    return path
+
+
+@dataclass
+class Windows:
+    """CPU per micro-batch in consecutive windows of the timed phase, by process and by JVM thread role
+    (:mod:`benchmarks.jvm_threads`): whether a batch's cost falls as the run goes on (warm-up) or stays."""
+
+    dsn: str
+    session: int
+    every_s: float
+    samples: list[tuple[float, int, dict[str, float], dict[str, float], dict[str, float]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.jvm = _session_jvm(self.session)
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="latency-windows", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        threads = jvm_threads.thread_cpu(self.jvm) if self.jvm else {}
+        roles = jvm_threads.role_cpu(self.jvm) if self.jvm else {}
+        self.samples.append((time.monotonic(), _last_batch(self.dsn), session_cpu(self.session), roles, threads))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+    def report(self) -> None:
+        print(
+            "CPU s per batch by window (process: driver / jvm / workers; JVM threads: "
+            + " / ".join(jvm_threads.ROLES)
+            + "):"
+        )
+        start = self.samples[0][0]
+        for before, after in itertools.pairwise(self.samples):
+            batches = after[1] - before[1]
+            if batches <= 0:
+                continue
+            cpu = _cpu_spent(before[2], after[2])
+            roles = jvm_threads.difference(before[3], after[3])
+            print(
+                f"  {before[0] - start:5.0f}-{after[0] - start:4.0f} s, {batches:3d} batches: "
+                + " / ".join(f"{seconds / batches:.3f}" for seconds in cpu.values())
+                + "; "
+                + " / ".join(f"{roles.get(role, 0.0) / batches:.3f}" for role in jvm_threads.ROLES)
+            )
+        batches = self.samples[-1][1] - self.samples[0][1]
+        if batches > 0:
+            threads = jvm_threads.difference(self.samples[0][4], self.samples[-1][4])
+            busiest = sorted(threads.items(), key=lambda item: -item[1])[:12]
+            print(
+                "JVM threads, CPU s per batch over the timed phase: "
+                + ", ".join(f"{name!r} {s / batches:.3f}" for name, s in busiest)
+            )
+
+
+def _session_jvm(session: int) -> int | None:
+    """The Spark driver JVM of the run's session."""
+    return next((pid for pid, _, command in _session_processes(session) if b"java" in command), None)
 
 
 def _events_for_changes(events: Sequence[workload.ChangeEvent], changes: int) -> int:

@@ -4,9 +4,11 @@ split. Nothing is started."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from benchmarks import jvm_threads
 from benchmarks.latency import (
     _events_for_changes,
     batch_timings,
@@ -15,6 +17,7 @@ from benchmarks.latency import (
     phases,
     spark_durations,
     stamp,
+    write_settings,
 )
 from cdcsync.devstack import workload
 
@@ -88,3 +91,54 @@ def test_per_batch_figures_are_read_from_the_debug_log_after_the_priming() -> No
     assert batch_timings(log, after_batch=1) == [(0.25, 0.05)]
     assert spark_durations(log, after_batch=1) == {"addBatch": [0.4], "walCommit": [0.03]}
     assert spark_durations(log, after_batch=0)["addBatch"] == [3.6, 0.4]
+
+
+def test_spark_conf_arguments_and_settings_file(tmp_path: Path) -> None:
+    import yaml
+
+    args = parse_args(["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -Da=b", "--spark-conf", "k=v"])
+    path = write_settings(tmp_path, dict(item.split("=", 1) for item in args.spark_conf))
+    assert yaml.safe_load(path.read_text()) == {
+        "spark": {"conf": {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Da=b", "k": "v"}}
+    }
+    with pytest.raises(SystemExit):
+        parse_args(["--spark-conf", "no-value"])
+    with pytest.raises(SystemExit):
+        parse_args(["--window-s", "0"])
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("C2 CompilerThre", "jit"),
+        ("C1 CompilerThre", "jit"),
+        ("GC Thread#1", "gc"),
+        ("G1 Conc#0", "gc"),
+        ("stream executio", "stream"),
+        ("Executor task l", "tasks"),
+        ("VM Thread", "other"),
+    ],
+)
+def test_jvm_thread_roles(name: str, role: str) -> None:
+    assert jvm_threads.role_of(name) == role
+
+
+def test_role_cpu_of_a_real_process_adds_up() -> None:
+    import os
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="a second thread")
+    other.start()
+    try:
+        roles = jvm_threads.role_cpu(os.getpid())
+        threads = jvm_threads.thread_cpu(os.getpid())
+    finally:
+        stop.set()
+        other.join()
+    assert len(threads) >= 1
+    assert set(roles) == set(jvm_threads.ROLES)
+    assert all(seconds >= 0 for seconds in roles.values())
+    living = sum(roles.values()) - roles["ended"] - roles["children"]
+    assert sum(threads.values()) == pytest.approx(living, abs=0.05)
+    assert jvm_threads.difference({"a": 1.0}, {"a": 3.5, "b": 1.0}) == {"a": 2.5, "b": 1.0}

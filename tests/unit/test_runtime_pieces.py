@@ -532,3 +532,17 @@ def test_the_live_view_shows_what_a_batch_is_retrying() -> None:
     stats.waiting = None
     console.print(render_snapshot(snapshot))
     assert console.export_text().count("retrying") == 0
+
+
+def test_the_checkpoint_writer_spark_is_told_to_use_is_in_this_pyspark() -> None:
+    """A class Spark cannot load fails every query's start: a pyspark upgrade that moves it must fail here first."""
+    import zipfile
+
+    import pyspark
+
+    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
+
+    name = DEFAULT_SPARK_CONF["spark.sql.streaming.checkpointFileManagerClass"]
+    entry = name.replace(".", "/") + ".class"
+    jars = (Path(pyspark.__file__).parent / "jars").glob("spark-sql_*.jar")
+    assert any(entry in zipfile.ZipFile(jar).namelist() for jar in jars), name
