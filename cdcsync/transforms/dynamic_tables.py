@@ -7,6 +7,13 @@ Only when it moved are the keys reloaded, with one ``COPY ... TO STDOUT`` into A
 that transforms join against with a broadcast. So an edit made with plain SQL is seen from the next micro-batch
 on, and an unchanged table costs one tiny query per batch.
 
+The keys are held in Spark's columnar cache from the load until the next one replaces (and unpersists) them, and
+their DataFrame reads that cache, not the Arrow data. Created plainly, a DataFrame from an Arrow table under
+``spark.sql.execution.arrow.localRelationThreshold`` (48 MB: six million integer keys) is a ``LocalRelation``,
+every key a row in the query plan, which each micro-batch analysed, planned and shipped to its tasks again: about
+6 JVM CPU seconds per batch for a million keys, against about 0.5 for the broadcast itself (docs/benchmarks.md,
+"Lookups").
+
 Writing (:meth:`DynamicTable.write`): the executors COPY the batch's new keys into a temp table and insert them
 with ``ON CONFLICT DO NOTHING``, tagging each row with the pipeline, checkpoint and batch that first wrote it;
 the driver records the write in ``cdcsync.batch_ledger`` like a sink, so a replayed batch skips it.
@@ -22,6 +29,7 @@ their side output alone (Streamling's semantics; not exact across restarts).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +47,24 @@ if TYPE_CHECKING:
     from cdcsync.config.pipeline import Pipeline
 
 _INTEGER_KEYS = {"smallint", "integer", "bigint"}
+
+
+_LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+
+
+@contextmanager
+def _conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark``'s session for the block (the query's own session: its batches run one
+    at a time, so nothing else plans under the setting meanwhile)."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,7 @@ class DynamicTable(LedgeredSink):
         )
         self._cached: DataFrame | None = None
         self._cached_counter: int | None = None
+        """The change counter ``_cached`` holds the keys of; None when they were right for one batch only."""
         self.loads = 0
         """How many times the keys were read from Postgres (the live view and tests show it)."""
 
@@ -125,8 +152,10 @@ class DynamicTable(LedgeredSink):
             raise self._error(f"reading keys for batch {batch_id}", error) from None
         keys = self._to_dataframe(spark, payload)
         self.loads += 1
+        if self._cached is not None:
+            self._cached.unpersist()  # the batch that used it has ended: a query's batches run one at a time
         # A load that left out this checkpoint's own later rows (a replay) is right for this batch only.
-        self._cached, self._cached_counter = (keys, counter) if complete else (None, None)
+        self._cached, self._cached_counter = keys, (counter if complete else None)
         return keys
 
     def _counter(self, conn: Any, params: dict[str, Any]) -> int:
@@ -141,6 +170,7 @@ class DynamicTable(LedgeredSink):
     def _to_dataframe(self, spark: SparkSession, payload: bytes) -> DataFrame:
         import pyarrow as pa
         import pyarrow.csv as pacsv
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         integer = self.spec.key_type.name in _INTEGER_KEYS
@@ -153,8 +183,12 @@ class DynamicTable(LedgeredSink):
             )
         else:
             table = pa.table({"key": pa.array([], type=arrow_type)})
-        frame = spark.createDataFrame(table)
-        return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
+        with _conf(spark, _LOCAL_RELATION_THRESHOLD, "0"):  # an RDD of Arrow batches, not a LocalRelation
+            frame = spark.createDataFrame(table)
+        keys = frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key")).coalesce(1)
+        keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
+        keys.count()  # fills the cache now: the load pays for it, not the first batch's join
+        return keys
 
     def _empty(self, spark: SparkSession) -> DataFrame:
         return spark.createDataFrame([], f"key {self.spec.key_type.spark_type}")
