@@ -3,9 +3,9 @@ fill them from the stream.
 
 Reading (:meth:`DynamicTable.prior_keys`): before each micro-batch the driver reads the table's change counter
 (one indexed row in ``cdcsync.dynamic_table_changes``, bumped by a statement trigger on every write by anyone).
-Only when it moved are the keys reloaded, with one ``COPY ... TO STDOUT`` into Arrow and then a Spark DataFrame
-that transforms join against with a broadcast. So an edit made with plain SQL is seen from the next micro-batch
-on, and an unchanged table costs one tiny query per batch.
+Only when it moved are the keys reloaded, as one Postgres array (parsed in C; a COPY reached Python a row per
+call) into Arrow and then a Spark DataFrame that transforms join against with a broadcast. So an edit made with
+plain SQL is seen from the next micro-batch on, and an unchanged table costs one tiny query per batch.
 
 The keys are held in Spark's columnar cache from the load until the next one replaces (and unpersists) them, and
 their DataFrame reads that cache, not the Arrow data. Created plainly, a DataFrame from an Arrow table under
@@ -103,7 +103,8 @@ class DynamicTable(LedgeredSink):
             "key_type": spec.key_type.sql,
         }
         self._counter_sql = render("postgres/runtime/dynamic_counter.sql.j2")
-        self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values)
+        self._integer = spec.key_type.name in _INTEGER_KEYS
+        self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values, integer=self._integer)
         self._later_sql = render("postgres/runtime/dynamic_keys_later.sql.j2", **values)
         self._write_statements = (
             render("postgres/runtime/dynamic_keys_temp.sql.j2", **values),
@@ -145,12 +146,11 @@ class DynamicTable(LedgeredSink):
                 counter = self._counter(conn, params)
                 if self._cached is not None and counter == self._cached_counter:
                     return self._cached
-                with conn.cursor() as cur, cur.copy(self._load_sql, params) as copy:
-                    payload = b"".join(bytes(chunk) for chunk in copy)
+                loaded = conn.execute(self._load_sql, params).fetchone()[0]  # type: ignore[index]
                 complete = not conn.execute(self._later_sql, params).fetchone()[0]  # type: ignore[index]
         except psycopg.Error as error:
             raise self._error(f"reading keys for batch {batch_id}", error) from None
-        keys = self._to_dataframe(spark, payload)
+        keys = self._to_dataframe(spark, loaded)
         self.loads += 1
         if self._cached is not None:
             self._cached.unpersist()  # the batch that used it has ended: a query's batches run one at a time
@@ -167,22 +167,12 @@ class DynamicTable(LedgeredSink):
             )
         return int(row[0])
 
-    def _to_dataframe(self, spark: SparkSession, payload: bytes) -> DataFrame:
+    def _to_dataframe(self, spark: SparkSession, loaded: list[Any]) -> DataFrame:
         import pyarrow as pa
-        import pyarrow.csv as pacsv
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        integer = self.spec.key_type.name in _INTEGER_KEYS
-        arrow_type = pa.int64() if integer else pa.string()
-        if payload:
-            table = pacsv.read_csv(
-                pa.py_buffer(payload),
-                read_options=pacsv.ReadOptions(column_names=["key"]),
-                convert_options=pacsv.ConvertOptions(column_types={"key": arrow_type}, strings_can_be_null=False),
-            )
-        else:
-            table = pa.table({"key": pa.array([], type=arrow_type)})
+        table = pa.table({"key": pa.array(loaded, type=pa.int64() if self._integer else pa.string())})
         with _conf(spark, _LOCAL_RELATION_THRESHOLD, "0"):  # an RDD of Arrow batches, not a LocalRelation
             frame = spark.createDataFrame(table)
         keys = frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key")).coalesce(1)
