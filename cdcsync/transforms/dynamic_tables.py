@@ -7,12 +7,12 @@ Only when it moved are the keys reloaded, as one Postgres array (parsed in C; a 
 call) into Arrow and then a Spark DataFrame that transforms join against with a broadcast. So an edit made with
 plain SQL is seen from the next micro-batch on, and an unchanged table costs one tiny query per batch.
 
-The keys are held in Spark's columnar cache from the load until the next one replaces (and unpersists) them, and
-their DataFrame reads that cache, not the Arrow data. Created plainly, a DataFrame from an Arrow table under
-``spark.sql.execution.arrow.localRelationThreshold`` (48 MB: six million integer keys) is a ``LocalRelation``,
-every key a row in the query plan, which each micro-batch analysed, planned and shipped to its tasks again: about
-6 JVM CPU seconds per batch for a million keys, against about 0.5 for the broadcast itself (docs/benchmarks.md,
-"Lookups").
+The keys (of a large table: :data:`CACHED_FROM`) are held in Spark's columnar cache from the load until the next one
+replaces (and unpersists) them, and their DataFrame reads that cache, not the Arrow data. Created plainly, a
+DataFrame from an Arrow table under ``spark.sql.execution.arrow.localRelationThreshold`` (48 MB: six million integer
+keys) is a ``LocalRelation``, every key a row in the query plan, which each micro-batch analysed, planned and
+shipped to its tasks again: about 6 JVM CPU seconds per batch for a million keys, against about 0.5 for the
+broadcast itself (docs/benchmarks.md, "Lookups").
 
 Writing (:meth:`DynamicTable.write`): the executors COPY the batch's new keys into a temp table and insert them
 with ``ON CONFLICT DO NOTHING``, tagging each row with the pipeline, checkpoint and batch that first wrote it;
@@ -50,6 +50,11 @@ _INTEGER_KEYS = {"smallint", "integer", "bigint"}
 
 
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+
+CACHED_FROM = 10_000
+"""Key sets at least this large are cached; smaller ones stay a LocalRelation, re-planned every batch (about 6 us
+of JVM CPU a key) but broadcast from the driver without a Spark job (tens of milliseconds), which a table that
+its side output changes every batch would otherwise pay on every batch."""
 
 
 @contextmanager
@@ -114,6 +119,7 @@ class DynamicTable(LedgeredSink):
         self._cached: DataFrame | None = None
         self._cached_counter: int | None = None
         """The change counter ``_cached`` holds the keys of; None when they were right for one batch only."""
+        self.cached_from = CACHED_FROM
         self.loads = 0
         """How many times the keys were read from Postgres (the live view and tests show it)."""
 
@@ -173,12 +179,13 @@ class DynamicTable(LedgeredSink):
         from pyspark.sql import functions as F
 
         table = pa.table({"key": pa.array(loaded, type=pa.int64() if self._integer else pa.string())})
+        if table.num_rows < self.cached_from:
+            frame = spark.createDataFrame(table)
+            return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
         with _conf(spark, _LOCAL_RELATION_THRESHOLD, "0"):  # an RDD of Arrow batches, not a LocalRelation
             frame = spark.createDataFrame(table)
         keys = frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key")).coalesce(1)
-        keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
-        keys.count()  # fills the cache now: the load pays for it, not the first batch's join
-        return keys
+        return keys.persist(StorageLevel.MEMORY_AND_DISK)  # filled by the first batch's broadcast, in its job
 
     def _empty(self, spark: SparkSession) -> DataFrame:
         return spark.createDataFrame([], f"key {self.spec.key_type.spark_type}")
