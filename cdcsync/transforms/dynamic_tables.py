@@ -3,9 +3,16 @@ fill them from the stream.
 
 Reading (:meth:`DynamicTable.prior_keys`): before each micro-batch the driver reads the table's change counter
 (one indexed row in ``cdcsync.dynamic_table_changes``, bumped by a statement trigger on every write by anyone).
-Only when it moved are the keys reloaded, with one ``COPY ... TO STDOUT`` into Arrow and then a Spark DataFrame
-that transforms join against with a broadcast. So an edit made with plain SQL is seen from the next micro-batch
-on, and an unchanged table costs one tiny query per batch.
+Only when it moved are the keys reloaded, as one Postgres array (parsed in C; a COPY reached Python a row per
+call) into Arrow and then a Spark DataFrame that transforms join against with a broadcast. So an edit made with
+plain SQL is seen from the next micro-batch on, and an unchanged table costs one tiny query per batch.
+
+The keys (of a large table: :data:`CACHED_FROM`) are held in Spark's columnar cache from the load until the next one
+replaces (and unpersists) them, and their DataFrame reads that cache, not the Arrow data. Created plainly, a
+DataFrame from an Arrow table under ``spark.sql.execution.arrow.localRelationThreshold`` (48 MB: six million integer
+keys) is a ``LocalRelation``, every key a row in the query plan, which each micro-batch analysed, planned and
+shipped to its tasks again: about 6 JVM CPU seconds per batch for a million keys, against about 0.5 for the
+broadcast itself (docs/benchmarks.md, "Lookups").
 
 Writing (:meth:`DynamicTable.write`): the executors COPY the batch's new keys into a temp table and insert them
 with ``ON CONFLICT DO NOTHING``, tagging each row with the pipeline, checkpoint and batch that first wrote it;
@@ -22,6 +29,7 @@ their side output alone (Streamling's semantics; not exact across restarts).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +47,29 @@ if TYPE_CHECKING:
     from cdcsync.config.pipeline import Pipeline
 
 _INTEGER_KEYS = {"smallint", "integer", "bigint"}
+
+
+_LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+
+CACHED_FROM = 10_000
+"""Key sets at least this large are cached; smaller ones stay a LocalRelation, re-planned every batch (about 6 us
+of JVM CPU a key) but broadcast from the driver without a Spark job (tens of milliseconds), which a table that
+its side output changes every batch would otherwise pay on every batch."""
+
+
+@contextmanager
+def _conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark``'s session for the block (the query's own session: its batches run one
+    at a time, so nothing else plans under the setting meanwhile)."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 @dataclass(frozen=True)
@@ -77,7 +108,8 @@ class DynamicTable(LedgeredSink):
             "key_type": spec.key_type.sql,
         }
         self._counter_sql = render("postgres/runtime/dynamic_counter.sql.j2")
-        self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values)
+        self._integer = spec.key_type.name in _INTEGER_KEYS
+        self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values, integer=self._integer)
         self._later_sql = render("postgres/runtime/dynamic_keys_later.sql.j2", **values)
         self._write_statements = (
             render("postgres/runtime/dynamic_keys_temp.sql.j2", **values),
@@ -86,6 +118,8 @@ class DynamicTable(LedgeredSink):
         )
         self._cached: DataFrame | None = None
         self._cached_counter: int | None = None
+        """The change counter ``_cached`` holds the keys of; None when they were right for one batch only."""
+        self.cached_from = CACHED_FROM
         self.loads = 0
         """How many times the keys were read from Postgres (the live view and tests show it)."""
 
@@ -118,15 +152,16 @@ class DynamicTable(LedgeredSink):
                 counter = self._counter(conn, params)
                 if self._cached is not None and counter == self._cached_counter:
                     return self._cached
-                with conn.cursor() as cur, cur.copy(self._load_sql, params) as copy:
-                    payload = b"".join(bytes(chunk) for chunk in copy)
+                loaded = conn.execute(self._load_sql, params).fetchone()[0]  # type: ignore[index]
                 complete = not conn.execute(self._later_sql, params).fetchone()[0]  # type: ignore[index]
         except psycopg.Error as error:
             raise self._error(f"reading keys for batch {batch_id}", error) from None
-        keys = self._to_dataframe(spark, payload)
+        keys = self._to_dataframe(spark, loaded)
         self.loads += 1
+        if self._cached is not None:
+            self._cached.unpersist()  # the batch that used it has ended: a query's batches run one at a time
         # A load that left out this checkpoint's own later rows (a replay) is right for this batch only.
-        self._cached, self._cached_counter = (keys, counter) if complete else (None, None)
+        self._cached, self._cached_counter = keys, (counter if complete else None)
         return keys
 
     def _counter(self, conn: Any, params: dict[str, Any]) -> int:
@@ -138,23 +173,19 @@ class DynamicTable(LedgeredSink):
             )
         return int(row[0])
 
-    def _to_dataframe(self, spark: SparkSession, payload: bytes) -> DataFrame:
+    def _to_dataframe(self, spark: SparkSession, loaded: list[Any]) -> DataFrame:
         import pyarrow as pa
-        import pyarrow.csv as pacsv
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        integer = self.spec.key_type.name in _INTEGER_KEYS
-        arrow_type = pa.int64() if integer else pa.string()
-        if payload:
-            table = pacsv.read_csv(
-                pa.py_buffer(payload),
-                read_options=pacsv.ReadOptions(column_names=["key"]),
-                convert_options=pacsv.ConvertOptions(column_types={"key": arrow_type}, strings_can_be_null=False),
-            )
-        else:
-            table = pa.table({"key": pa.array([], type=arrow_type)})
-        frame = spark.createDataFrame(table)
-        return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
+        table = pa.table({"key": pa.array(loaded, type=pa.int64() if self._integer else pa.string())})
+        if table.num_rows < self.cached_from:
+            frame = spark.createDataFrame(table)
+            return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
+        with _conf(spark, _LOCAL_RELATION_THRESHOLD, "0"):  # an RDD of Arrow batches, not a LocalRelation
+            frame = spark.createDataFrame(table)
+        keys = frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key")).coalesce(1)
+        return keys.persist(StorageLevel.MEMORY_AND_DISK)  # filled by the first batch's broadcast, in its job
 
     def _empty(self, spark: SparkSession) -> DataFrame:
         return spark.createDataFrame([], f"key {self.spec.key_type.spark_type}")

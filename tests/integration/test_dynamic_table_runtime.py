@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pyspark import StorageLevel
 
 from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
@@ -72,15 +73,19 @@ def _sql(dsn: str, statement: str) -> None:
 
 
 def test_loads_follow_edits_and_only_when_the_table_changed(table: DynamicTable, postgres_dsn: str, spark: Any) -> None:
+    table.cached_from = 1  # as a large table's keys are held
     assert _keys(table.prior_keys(spark, CHECKPOINT, 0)) == set()
     _sql(postgres_dsn, """INSERT INTO "Lookup"."seen users" ("user") VALUES ('ann'), ('bob'), ('')""")
     assert _keys(table.prior_keys(spark, CHECKPOINT, 1)) == {"ann", "bob", ""}
     loads = table.loads
+    held = table.prior_keys(spark, CHECKPOINT, 2)
+    assert held.storageLevel.useMemory  # cached from the load on: no batch reads them from Arrow again
     for batch_id in (2, 3, 4):  # nobody wrote: the counter decides, nothing is read again
         assert _keys(table.prior_keys(spark, CHECKPOINT, batch_id)) == {"ann", "bob", ""}
     assert table.loads == loads
     _sql(postgres_dsn, """DELETE FROM "Lookup"."seen users" WHERE "user" = 'bob'""")
     assert _keys(table.prior_keys(spark, CHECKPOINT, 5)) == {"ann", ""}
+    assert held.storageLevel == StorageLevel.NONE  # the load that replaced them let them go
     _sql(postgres_dsn, """TRUNCATE "Lookup"."seen users" """)
     assert _keys(table.prior_keys(spark, CHECKPOINT, 6)) == set()
     assert table.loads == loads + 2
