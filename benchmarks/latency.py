@@ -276,7 +276,7 @@ def _measure(
     env = cli_env(root, dsn, bootstrap)
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
-    if args.spark_conf:  # a settings file: environment variable names would lose the keys' upper case
+    if args.spark_conf:  # a settings file, as a user would write one
         env["CDCSYNC_CONFIG"] = str(write_settings(root, dict(item.split("=", 1) for item in args.spark_conf)))
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
