@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.types import PgType
 from cdcsync.sources.debezium.envelope import MAX_COMMIT, MAX_TS_MS, MIN_TS_MS
-from cdcsync.sources.debezium.values import DEBEZIUM_DECIMAL, INT_RANGES, column_schema, logical_type
+from cdcsync.sources.debezium.values import (
+    DEBEZIUM_DECIMAL,
+    INT_RANGES,
+    column_schema,
+    logical_type,
+    unscaled_decimals,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -262,14 +268,7 @@ def _connect_decimals_one_by_one(
         ok = number is None or -limit < number < limit
         unscaled.append(number if ok else None)
         bad_rows.append(not ok)
-    array = pa.array([None if u is None else _scaled(u, reader.scale) for u in unscaled], out_type)
-    return array, pa.array(bad_rows, pa.bool_())
-
-
-def _scaled(unscaled: int, scale: int) -> Any:
-    from decimal import Decimal
-
-    return Decimal(unscaled).scaleb(-scale)
+    return unscaled_decimals(unscaled, out_type), pa.array(bad_rows, pa.bool_())
 
 
 def versions(op: pa.Array, source: pa.Array) -> tuple[pa.Array, pa.Array] | None:

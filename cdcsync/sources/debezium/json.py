@@ -137,11 +137,13 @@ def _unwrap(document: Any, what: str) -> tuple[dict[str, Any] | None, dict[str, 
     return None, document
 
 
-def _payloads(values: pa.Array, wrapper: pa.Array | None = None) -> tuple[dict[str, Any] | None, pa.Buffer] | None:
-    """(the envelope schema or None, the messages' payloads one per line) when every message is a ``{...}``
-    payload with the same schema wrapper (byte for byte) or none, else None. The checks and the slicing run in
-    Arrow: no Python per message. ``wrapper``: the wrappers the JVM cut off (:mod:`.wrappers`); messages all cut
-    with one are that one's payloads already."""
+def _payloads(
+    values: pa.Array, wrapper: pa.Array | None = None
+) -> tuple[dict[str, Any] | None, pa.Buffer, pa.Array | None] | None:
+    """(the envelope schema or None, the messages' payloads one per line, the messages the row decoder must read
+    alone or None) when every message is a ``{...}`` payload with the same schema wrapper (byte for byte) or none,
+    else None. The checks and the slicing run in Arrow: no Python per message. ``wrapper``: the wrappers the JVM
+    cut off (:mod:`.wrappers`); messages all cut with one are that one's payloads already."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -181,11 +183,54 @@ def _payloads(values: pa.Array, wrapper: pa.Array | None = None) -> tuple[dict[s
         return None
     lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values), b"\n")
     text = lines[0].as_py()
-    # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
-    # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
-    if schema is None and (b'"payload"' in text or text.count(b'"schema"') != len(values)):
+    # Arrow's JSON reader does not check UTF-8 (not even in the fields it skips); the row decoder dead-letters a
+    # message that is not UTF-8. The cast checks, and copies nothing.
+    if not text.isascii():
+        try:
+            values.cast(pa.string())
+        except pa.ArrowInvalid:
+            return None
+    alone = None
+    if schema is None:
+        # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
+        # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
+        # Only a \u escape can spell a key's letters otherwise ("sch\u0065ma"): a payload with one is the row
+        # decoder's, and then the count must hold payload by payload.
+        if b'"payload"' in text:
+            return None
+        if b"\\u" in text:
+            alone = pc.or_(pc.match_substring(values, "\\u"), pc.not_equal(pc.count_substring(values, '"schema"'), 1))
+        elif text.count(b'"schema"') != len(values):
+            return None
+    deep = _maybe_too_deep(values, text)
+    if deep is not None:
+        alone = deep if alone is None else pc.or_(alone, deep)
+    return schema, pa.py_buffer(text), alone
+
+
+_MAX_NESTING = 512
+"""Brackets a payload may hold and stay with the batch path. Arrow's JSON reader reads any depth; orjson stops at
+1,024 levels and the standard library's parser (the row decoder's fallback) at the recursion limit, and the row
+decoder dead-letters what they refuse. Depth needs as many ``{``/``[``, and closing ones: a short payload is safe."""
+
+
+def _maybe_too_deep(values: pa.Array, text: bytes) -> pa.Array | None:
+    """The payloads (one per line of ``text``) that hold :data:`_MAX_NESTING` brackets or more, or None if none.
+    Only payloads twice that long are counted, so a batch of ordinary changes pays one pass over their lengths."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths = pc.binary_length(values)
+    if pc.max(lengths).as_py() < 2 * _MAX_NESTING:
         return None
-    return schema, pa.py_buffer(text)
+    sizes = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+    ends = np.cumsum(sizes + 1) - 1
+    deep = np.zeros(len(sizes), dtype=bool)
+    for i in np.flatnonzero(sizes >= 2 * _MAX_NESTING).tolist():
+        start, end = int(ends[i] - sizes[i]), int(ends[i])
+        deep[i] = text.count(b"{", start, end) + text.count(b"[", start, end) >= _MAX_NESTING
+    return pa.array(deep) if deep.any() else None
 
 
 class JsonPlan(RowPlan):
@@ -222,7 +267,7 @@ class JsonPlan(RowPlan):
         split = _payloads(value.filter(present), wrapper)
         if split is None:
             return None
-        schema, payloads = split
+        schema, payloads, alone = split
         if schema is not None and self.spec.detect_schema_changes and self._schema_change(schema) is not None:
             return None
 
@@ -232,7 +277,8 @@ class JsonPlan(RowPlan):
         columns = self._columnar.decode(payloads, len(changes), schema, kafka_micros)
         if columns is None:
             return None
-        return self.with_row_decoder(batch, changes, columns.arrays, columns.redo)
+        redo = columns.redo if alone is None else pc.or_(columns.redo, alone)
+        return self.with_row_decoder(batch, changes, columns.arrays, redo)
 
     # ---- one message -----------------------------------------------------------------------------------------
 

@@ -27,7 +27,15 @@ from cdcsync.sources.debezium.envelope import (
     offset_version,
 )
 from cdcsync.sources.debezium.spec import output_arrow_schema
-from cdcsync.sources.debezium.values import INT_RANGES, MAX_US, MIN_US, Ctx, Reject, Reparse
+from cdcsync.sources.debezium.values import (
+    INT_RANGES,
+    MAX_US,
+    MIN_US,
+    Ctx,
+    Reject,
+    Reparse,
+    unscaled_decimals,
+)
 from cdcsync.sources.debezium.wrappers import restored_batch
 
 if TYPE_CHECKING:
@@ -395,17 +403,8 @@ class RowPlan:
         return unscaled.cast(pa.decimal128(38, 0)).view(arrow_type)
 
     def _wide_decimals(self, column: Any, arrow_type: pa.DecimalType) -> pa.Array:
-        """Unscaled integers beyond int64 (large numerics, and every streamed ``_cdc_version``): written as the
-        decimal128 layout directly, several times faster than through :class:`~decimal.Decimal`."""
-        pa = self.pa
-        limit = 10**arrow_type.precision
-        values = list(column)
-        if any(u is not None and not -limit < u < limit for u in values):
-            raise OverflowError(f"a value has more than {arrow_type.precision} digits")
-        data = b"".join([(0 if u is None else u).to_bytes(16, "little", signed=True) for u in values])
-        nulls = values.count(None)
-        validity = pa.array([u is not None for u in values], type=pa.bool_()).buffers()[1] if nulls else None
-        return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(data)], null_count=nulls)
+        """Unscaled integers beyond int64 (large numerics, and every streamed ``_cdc_version``)."""
+        return unscaled_decimals(list(column), arrow_type)
 
     def kafka_micros(self, batch: pa.RecordBatch) -> pa.Array:
         """The Kafka timestamps of the batch's messages in microseconds (int64), null where there is none or it

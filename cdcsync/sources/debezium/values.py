@@ -177,6 +177,21 @@ def dumps_exact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
+def unscaled_decimals(values: list[int | None], arrow_type: Any) -> Any:
+    """Unscaled integers (None: null) as a ``decimal128`` array of ``arrow_type``, written as its layout (16-byte
+    two's complement) directly: exact at any width, where :class:`~decimal.Decimal` arithmetic rounds to its
+    context's 28 digits, and several times faster. OverflowError if one has more digits than the precision."""
+    import pyarrow as pa
+
+    limit = 10**arrow_type.precision
+    if any(u is not None and not -limit < u < limit for u in values):
+        raise OverflowError(f"a value has more than {arrow_type.precision} digits")
+    data = b"".join([(0 if u is None else u).to_bytes(16, "little", signed=True) for u in values])
+    nulls = values.count(None)
+    validity = pa.array([u is not None for u in values], type=pa.bool_()).buffers()[1] if nulls else None
+    return pa.Array.from_buffers(arrow_type, len(values), [validity, pa.py_buffer(data)], null_count=nulls)
+
+
 def describe_json(value: Any) -> str:
     if value is None:
         return "null"
