@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import io
+import math
+import struct
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -14,7 +16,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from cdcsync.config.types import parse_pg_type
@@ -27,7 +29,7 @@ from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.debezium.temporal import DEBEZIUM_DATE_SENTINELS, PGJDBC_TIMESTAMP_SENTINELS
 from tests.unit.test_avro_decode import KEY_SCHEMA, FakeRegistry, connect, connect_decimal, opt, signed
 from tests.unit.test_debezium_columnar import COLUMNS as JSON_COLUMNS
-from tests.unit.test_debezium_columnar import kafka_batch, same_output
+from tests.unit.test_debezium_columnar import comparable, kafka_batch, same_output
 
 pytestmark = pytest.mark.unit
 
@@ -253,9 +255,19 @@ BATCHES = st.sampled_from([0, 1, 1]).flatmap(lambda level: st.lists(messages(lev
 
 
 @pytest.mark.parametrize("key", [("id",), None], ids=["declared key", "key from the message key"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=BATCHES)
 def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does(
+    key: tuple[str, ...] | None, batch: list[tuple[bytes | None, bytes | None]]
+) -> None:
+    both_paths(spec_of(COLUMNS, key=key), kafka_batch(batch))
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("key", [("id",), None], ids=["declared key", "key from the message key"])
+@settings(max_examples=1_000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=BATCHES)
+def test_the_batch_path_decodes_any_batch_as_the_row_decoder_does_soak(
     key: tuple[str, ...] | None, batch: list[tuple[bytes | None, bytes | None]]
 ) -> None:
     both_paths(spec_of(COLUMNS, key=key), kafka_batch(batch))
@@ -343,3 +355,128 @@ def test_timestamps_beyond_python_still_agree() -> None:
     assert took and rows[0]["z"] == (datetime(9999, 12, 31, 23, 59, 59, 999999, timezone.utc) - epoch) // timedelta(
         microseconds=1
     )
+
+
+# ---- hostile encodings, field by field (tests/unit/test_decoder_differential.py does the same for JSON) ---------
+
+
+def varint(value: int) -> bytes:
+    """Avro's zigzag varint, minimal."""
+    unsigned = (value << 1) ^ (value >> 63) if -(2**63) <= value < 2**63 else value
+    out = bytearray()
+    while True:
+        byte = unsigned & 0x7F
+        unsigned >>= 7
+        if not unsigned:
+            return bytes([*out, byte])
+        out.append(byte | 0x80)
+
+
+def overlong(value: int, size: int) -> bytes:
+    """``value``'s varint padded with continuation bytes to ``size`` bytes (Avro readers accept it up to 10)."""
+    minimal = bytearray(varint(value))
+    while len(minimal) < size:
+        minimal[-1] |= 0x80
+        minimal.append(0)
+    return bytes(minimal)
+
+
+SENTINEL_TEXT = "\x01sentinel\x02"
+SENTINEL_LONG = 0x3EADBEEF
+SENTINEL_DOUBLE = 1.2345678901234567e-300
+HOSTILE_STRINGS = [
+    varint(len(b)) + b
+    for b in (b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82", b"a\x00b", "é".encode(), b"\xf4\x90\x80\x80", b"")
+] + [overlong(1, 2) + b"a", varint(-1), varint(40) + b"ab", overlong(2, 11) + b"ab", b"\x80" * 10 + b"\x02"]
+HOSTILE_LONGS = [overlong(5, 3), overlong(-1, 10), overlong(0, 11), b"\xff" * 9 + b"\x02", b"\xff" * 9 + b"\x01"]
+HOSTILE_LONGS += [varint(v) for v in (0, -1, 2**63 - 1, -(2**63), 2**31, -(2**31) - 1, 2**15, 86_400_000_000)]
+HOSTILE_DOUBLES = [
+    struct.pack("<Q", bits)
+    for bits in (0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0x8000000000000000, 0x7FF0000000000000)
+] + [struct.pack("<d", d) for d in (-math.inf, 5e-324, 1.7976931348623157e308)]
+STRING_FIELDS = [
+    ("after", "t"),
+    ("after", "v"),
+    ("after", "z"),
+    ("source", "sequence"),
+    ("source", "version"),
+    ("", "op"),
+]
+STRING_FIELDS += [("source", "snapshot"), ("before", "t")]
+LONG_FIELDS = [("after", "id"), ("after", "i"), ("after", "s"), ("after", "dt"), ("after", "ts"), ("after", "tn")]
+LONG_FIELDS += [("source", "lsn"), ("source", "ts_ms"), ("", "ts_ms"), ("before", "id")]
+
+
+def strict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows compared to the bit, but for which NaN: a float as its bytes (so -0.0 is not 0.0)."""
+    return [
+        {
+            name: ("nan" if math.isnan(v) else struct.pack("<d", v)) if isinstance(v, float) else v
+            for name, v in row.items()
+        }
+        for row in rows
+    ]
+
+
+@st.composite
+def hostile_message(draw: st.DrawFn) -> tuple[bytes | None, bytes | None]:
+    """A message AvroConverter could not have written: one field of a good one encoded otherwise."""
+    key, raw = draw(messages(0))
+    if raw is None:
+        return key, raw
+    kind = draw(st.sampled_from(["string", "long", "double"]))
+    record = fastavro.schemaless_reader(io.BytesIO(raw[5:]), PARSED[2], None)
+    fields = {"string": STRING_FIELDS, "long": LONG_FIELDS, "double": [("after", "d"), ("before", "d")]}[kind]
+    struct_name, field = draw(st.sampled_from(fields))
+    where = record if not struct_name else record[struct_name]
+    if where is None:
+        where = record["after"] = {name: None for name, _ in ROW_FIELDS} | {"v": "x"}
+        record["op"] = "c"
+    sentinel: Any = {"string": SENTINEL_TEXT, "long": SENTINEL_LONG, "double": SENTINEL_DOUBLE}[kind]
+    where[field] = sentinel
+    raw = encode(2, record)
+    encoded = {
+        "string": varint(len(SENTINEL_TEXT)) + SENTINEL_TEXT.encode(),
+        "long": varint(SENTINEL_LONG),
+        "double": struct.pack("<d", SENTINEL_DOUBLE),
+    }[kind]
+    assume(raw.count(encoded) == 1)
+    hostile = {"string": HOSTILE_STRINGS, "long": HOSTILE_LONGS, "double": HOSTILE_DOUBLES}[kind]
+    return key, raw.replace(encoded, draw(st.sampled_from(hostile)))
+
+
+@st.composite
+def hostile_batches(draw: st.DrawFn, size: int) -> list[tuple[bytes | None, bytes | None]]:
+    out = draw(st.lists(messages(0), min_size=1, max_size=size))
+    for _ in range(draw(st.integers(1, 2))):
+        out.insert(draw(st.integers(0, len(out))), draw(hostile_message()))
+    return out
+
+
+def assert_same_strictly(key: tuple[str, ...] | None, messages: list[tuple[bytes | None, bytes | None]]) -> bool:
+    """Both paths give the same batch, floats to the bit; True if the batch path took the batch."""
+    fast, slow = plans(spec_of(COLUMNS, key=key))
+    batch = kafka_batch(messages)
+    assert strict(comparable(fast.decode_batch(batch))) == strict(comparable(slow.decode_batch(batch)))
+    return fast._decode_columnar(batch) is not None
+
+
+@pytest.mark.parametrize("key", [("id",), None], ids=["declared key", "key from the message key"])
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=hostile_batches(4))
+def test_a_field_encoded_otherwise_is_decided_as_the_row_decoder_decides(
+    key: tuple[str, ...] | None, batch: list[tuple[bytes | None, bytes | None]]
+) -> None:
+    """Strings that are not UTF-8 or run past the message, varints padded to 10 bytes or beyond 64 bits,
+    NaNs, -0.0 and infinities: the batch path reads what the row decoder reads, or leaves it to it."""
+    event(f"the batch path took the batch: {assert_same_strictly(key, batch)}")
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("key", [("id",), None], ids=["declared key", "key from the message key"])
+@settings(max_examples=1_500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=hostile_batches(12))
+def test_a_field_encoded_otherwise_is_decided_as_the_row_decoder_decides_soak(
+    key: tuple[str, ...] | None, batch: list[tuple[bytes | None, bytes | None]]
+) -> None:
+    assert_same_strictly(key, batch)

@@ -14,7 +14,9 @@ messages to the row decoder; a message that does not read cleanly (a varint long
 union branch out of range, a boolean byte other than 0 or 1, bytes left over, a string that is not UTF-8), a
 value out of its column's range, a NUL in a text, an unusual timestamp or position, a truncate or a row without
 its key goes to the row decoder alone (:attr:`~cdcsync.sources.debezium.columnar.Columns.redo`), which decides
-what it is. ``tests/unit/test_avro_columnar.py`` checks both paths give the same batches.
+what it is. ``tests/unit/test_avro_columnar.py`` checks both paths give the same batches, over damaged bodies and
+fields encoded as AvroConverter never would (strings that are not UTF-8 or run past the message, varints padded
+to ten bytes or beyond 64 bits, NaNs, ``-0.0`` and infinities, floats compared to the bit).
 """
 
 from __future__ import annotations

@@ -7,11 +7,24 @@ connector (ops ``c``/``u``/``r``/``d`` with a ``source.sequence``) and the colum
 match exactly: integers, ``text`` / ``varchar``, ``boolean``, ``numeric(p,s)`` (JSON numbers, decimal strings,
 Connect ``Decimal`` bytes at the column's scale) and ``timestamptz`` as ISO strings in UTC.
 
-Exactness comes first, so this path only ever declines: a batch Arrow refuses to read (a malformed message, a
-value of an unexpected JSON type, an integer out of range, a number with more digits than the column keeps...)
-or a spec with another column type goes to the row decoder whole; a message whose values it cannot vouch for (no
-key in its row, a NUL in a text, an unusual timestamp or position) goes to it alone (:attr:`Columns.redo`).
-``tests/unit/test_debezium_columnar.py`` checks both paths give the same batches.
+The rule: the batch path only declines. It never decides a message differently from the row decoder (orjson,
+the standard library's parser where orjson refuses, the generated converters), which is the reference for rows,
+dead letters and failure reports. Where it cannot vouch for an answer it hands over: a batch Arrow refuses to read
+(a malformed message, a duplicate key, a value of an unexpected JSON type, an integer out of range or written as
+``1e3`` / ``1.0``, a number with more digits than the column keeps, ``NaN``...), a batch with bytes that are not
+UTF-8 (Arrow's reader checks none, not even in the fields it skips) or a spec with another column type goes to the
+row decoder whole; a message whose values it cannot vouch for (no key in its row, a NUL in a text, an unusual
+timestamp or position, a plain payload with a ``\\u`` escape, which may spell a top-level ``schema`` or ``payload``
+key that makes the row decoder read a wrapper, a payload with enough brackets to be nested deeper than the row
+decoder's parsers go) goes to it alone (:attr:`Columns.redo`). Declining costs speed, never correctness, so a
+check is only worth making exact where Debezium's own messages would otherwise be declined.
+
+``tests/unit/test_debezium_columnar.py`` checks both paths give the same batches over good, odd and bad values;
+``tests/unit/test_decoder_differential.py`` writes the messages from parts (Debezium's, with one crafted feature
+each among them: escaped and duplicate keys, extra and missing fields, pretty printing, numbers as strings or
+floats in integer columns, surrogates, bytes that are not UTF-8, deep nesting, null and absent rows, truncates,
+ops ``r c u d t m``, source blocks with and without positions), bare and schema-wrapped and cut on the JVM, and
+holds the batch path's output to the row decoder's message by message (``make soak`` runs it 2,000 times).
 """
 
 from __future__ import annotations
