@@ -10,7 +10,8 @@ The modules, in the order a message meets them:
   :mod:`.avro_values` turning Avro values into what JsonConverter would have written): each reads its messages
   into Debezium payloads for the shared :mod:`.plan`, which runs a generated row decoder and builds the batches;
 * :mod:`.columnar`: the batch path of :mod:`.json`, which decodes a batch of common Debezium messages at once
-  with Arrow's JSON reader and ``pyarrow.compute``, and leaves anything it cannot read exactly to the row decoder;
+  with Arrow's JSON reader and ``pyarrow.compute``, and leaves anything it cannot read exactly to the row decoder
+  (a batch path only ever declines: the row decoder is the reference, see :mod:`.columnar`'s docstring);
   :mod:`.avro_columnar`, the batch path of :mod:`.avro` (tombstones' keys too), walks a writer schema over a
   whole batch with numpy and shares those conversions; :mod:`.wrappers`: JsonConverter's schema wrapper, which
   the JVM cuts off before the messages cross into Python, and how the decoder restores it where it must;

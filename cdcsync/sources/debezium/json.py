@@ -184,13 +184,13 @@ def _payloads(
     lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values), b"\n")
     text = lines[0].as_py()
     # Arrow's JSON reader does not check UTF-8 (not even in the fields it skips); the row decoder dead-letters a
-    # message that is not UTF-8. The cast checks, and copies nothing.
+    # message that is not UTF-8. ASCII is (one fast pass); else the cast to string checks every payload.
     if not text.isascii():
         try:
             values.cast(pa.string())
         except pa.ArrowInvalid:
             return None
-    alone = None
+    alone: pa.Array | None = None
     if schema is None:
         # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
         # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
@@ -198,7 +198,7 @@ def _payloads(
         # decoder's, and then the count must hold payload by payload.
         if b'"payload"' in text:
             return None
-        if b"\\u" in text:
+        if _has_unicode_escape(text):
             alone = pc.or_(pc.match_substring(values, "\\u"), pc.not_equal(pc.count_substring(values, '"schema"'), 1))
         elif text.count(b'"schema"') != len(values):
             return None
@@ -206,6 +206,19 @@ def _payloads(
     if deep is not None:
         alone = deep if alone is None else pc.or_(alone, deep)
     return schema, pa.py_buffer(text), alone
+
+
+def _has_unicode_escape(text: bytes) -> bool:
+    """Whether ``text`` holds ``\\u``: the two bytes as one little-endian 16-bit word, at even and at odd offsets,
+    compared by numpy: a ninth of the time ``in`` takes over Debezium's payloads (their positions are full of
+    backslashes, which slow a substring search down)."""
+    import numpy as np
+
+    data = np.frombuffer(text, np.uint8)
+    size = len(data)
+    even = data[: size // 2 * 2].view("<u2")
+    odd = data[1 : 1 + (size - 1) // 2 * 2].view("<u2")
+    return bool((even == 0x755C).any() or (odd == 0x755C).any())
 
 
 _MAX_NESTING = 512
