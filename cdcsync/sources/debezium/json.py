@@ -184,7 +184,7 @@ def _payloads(
     lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values), b"\n")
     text = lines[0].as_py()
     # Arrow's JSON reader does not check UTF-8 (not even in the fields it skips); the row decoder dead-letters a
-    # message that is not UTF-8. ASCII is (one fast pass); else the cast to string checks every payload.
+    # message that is not UTF-8. ASCII text is (one fast pass); other text, the cast to string checks.
     if not text.isascii():
         try:
             values.cast(pa.string())
