@@ -587,6 +587,20 @@ def test_a_crafted_message_among_debezium_ones_is_decided_as_the_row_decoder_dec
     assert assert_same(SPECS["batch types"], messages) is took
 
 
+def test_escaped_control_characters_stay_with_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debezium writes a control character as ``\\u0001``: that spells no key, so such a payload is not left to
+    the row decoder (nor is one with ``\\u00e9`` or a surrogate pair), while ``\\u0065`` is."""
+    escapes = [b'"\\u0001\\u001F"', b'"caf\\u00e9"', b'"\\ud83d\\ude00\\/"']
+    messages = [(b'{"id":7}', change(GOOD_ROW.replace(b'"x"', escape))) for escape in escapes]
+    fast, slow = plans(SPECS["batch types"])
+    expected = comparable(slow.decode_batch(kafka_batch(messages)))
+    monkeypatch.setattr(fast, "decode_rows", None)  # nothing may reach the row decoder
+    assert comparable(fast.decode_batch(kafka_batch(messages))) == expected
+    monkeypatch.undo()
+    spelled = [(b'{"id":7}', change(GOOD_ROW, top=b',"\\u0078":1'))]
+    assert assert_same(SPECS["batch types"], messages + spelled)
+
+
 def test_connect_decimals_wider_than_28_digits_are_exact() -> None:
     """``Decimal`` arithmetic rounds to 28 digits: the batch path once read a 30-digit ``numeric(30,4)`` that
     way (silently, or failing the task). Now the unscaled integer is written into ``decimal128`` as it is."""

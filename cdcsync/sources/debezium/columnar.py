@@ -14,10 +14,10 @@ dead letters and failure reports. Where it cannot vouch for an answer it hands o
 ``1e3`` / ``1.0``, a number with more digits than the column keeps, ``NaN``...), a batch with bytes that are not
 UTF-8 (Arrow's reader checks none, not even in the fields it skips) or a spec with another column type goes to the
 row decoder whole; a message whose values it cannot vouch for (no key in its row, a NUL in a text, an unusual
-timestamp or position, a plain payload with a ``\\u`` escape, which may spell a top-level ``schema`` or ``payload``
-key that makes the row decoder read a wrapper, a payload with enough brackets to be nested deeper than the row
-decoder's parsers go) goes to it alone (:attr:`Columns.redo`). Declining costs speed, never correctness, so a
-check is only worth making exact where Debezium's own messages would otherwise be declined.
+timestamp or position, a plain payload with a ``\\u`` escape of a lowercase letter, which may spell a top-level
+``schema`` or ``payload`` key that makes the row decoder read a wrapper, a payload with enough brackets to be
+nested deeper than the row decoder's parsers go) goes to it alone (:attr:`Columns.redo`). Declining costs speed,
+never correctness, so a check is only worth making exact where Debezium's own messages would otherwise be declined.
 
 ``tests/unit/test_debezium_columnar.py`` checks both paths give the same batches over good, odd and bad values;
 ``tests/unit/test_decoder_differential.py`` writes the messages from parts (Debezium's, with one crafted feature

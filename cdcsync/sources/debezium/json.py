@@ -194,12 +194,14 @@ def _payloads(
     if schema is None:
         # A top-level "schema" or "payload" key makes the row decoder read a wrapper. The batch path checks that
         # every plain payload's source block has a "schema" key, so one "schema" per payload must be that one.
-        # Only a \u escape can spell a key's letters otherwise ("sch\u0065ma"): a payload with one is the row
-        # decoder's, and then the count must hold payload by payload.
+        # Only an escape can spell their letters otherwise ("sch\u0065ma"), and only \u0061 to \u007a spell those:
+        # a payload with one is the row decoder's (not one with Debezium's \u0001 for a control character), and
+        # the count must then hold payload by payload.
         if b'"payload"' in text:
             return None
         if _has_unicode_escape(text):
-            alone = pc.or_(pc.match_substring(values, "\\u"), pc.not_equal(pc.count_substring(values, '"schema"'), 1))
+            letters = pc.match_substring_regex(values, r"\\u00[67]")
+            alone = pc.or_(letters, pc.not_equal(pc.count_substring(values, '"schema"'), 1))
         elif text.count(b'"schema"') != len(values):
             return None
     deep = _maybe_too_deep(values, text)
