@@ -41,6 +41,8 @@ from cdcsync.devstack import workload
 from cdcsync.runtime.spark import build_spark_session
 
 CUSTOMERS = 2_000_000
+TRANSFORM_SQL = "SELECT * FROM orders"
+LOOKUP_SQL = "SELECT * FROM orders WHERE dynamic_table_check('members', customer_id)"
 MIRROR = {"type": "postgres", "schema": "app", "table": "orders"}
 MEMBERS = {
     "type": "dynamic_table",
@@ -62,7 +64,7 @@ def main() -> None:
         run(args, Path(tmp), services.admin_dsn, services.bootstrap)
 
 
-def _pipeline(name: str, topic: str, transform_sql: str | None) -> Pipeline:
+def bench_pipeline(name: str, topic: str, transform_sql: str | None) -> Pipeline:
     source = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(workload.ORDERS_COLUMNS)}
     transforms: dict[str, Any] = {}
     if transform_sql is not None:
@@ -73,6 +75,22 @@ def _pipeline(name: str, topic: str, transform_sql: str | None) -> Pipeline:
     )
 
 
+def fill_members(dsn: str, lookup_keys: int) -> int:
+    """Fill the dynamic table with ``lookup_keys`` customer ids (every n-th of ``1..CUSTOMERS``); how many it holds."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        step = max(CUSTOMERS // lookup_keys, 1)
+        conn.execute("INSERT INTO public.members (customer_id) SELECT generate_series(1, %s, %s)", (CUSTOMERS, step))
+        return int(conn.execute("SELECT count(*) FROM public.members").fetchone()[0])  # type: ignore[index]
+
+
+def members_rows(expected: dict[int, dict[str, Any]], lookup_keys: int) -> dict[int, dict[str, Any]]:
+    """The rows of ``expected`` whose customer :func:`fill_members` made a member: what the lookup mirror holds."""
+    step = max(CUSTOMERS // lookup_keys, 1)
+    return {key: row for key, row in expected.items() if (row["customer_id"] - 1) % step == 0}
+
+
 def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
     import psycopg
 
@@ -81,27 +99,20 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     messages = workload.produce(bootstrap, topic, load.events, partitions=4)
     print(f"produced {load.changes:,} changes over {args.keys:,} keys ({messages:,} messages)", flush=True)
     pipelines = {
-        "direct": _pipeline("bench_direct", topic, None),
-        "transform": _pipeline("bench_transform", topic, "SELECT * FROM orders"),
-        "lookup": _pipeline(
-            "bench_lookup", topic, "SELECT * FROM orders WHERE dynamic_table_check('members', customer_id)"
-        ),
+        "direct": bench_pipeline("bench_direct", topic, None),
+        "transform": bench_pipeline("bench_transform", topic, TRANSFORM_SQL),
+        "lookup": bench_pipeline("bench_lookup", topic, LOOKUP_SQL),
     }
     databases = {label: fresh_database(admin_dsn, "bench") for label in pipelines}
     settings = {
         label: prepare_pipeline(pipeline, root, databases[label], bootstrap) for label, pipeline in pipelines.items()
     }
     for label in ("transform", "lookup"):  # both have the table; only the lookup pipeline checks it
-        with psycopg.connect(databases[label]) as conn:
-            step = max(CUSTOMERS // args.lookup_keys, 1)
-            conn.execute(
-                "INSERT INTO public.members (customer_id) SELECT generate_series(1, %s, %s)", (CUSTOMERS, step)
-            )
-            members = conn.execute("SELECT count(*) FROM public.members").fetchone()[0]  # type: ignore[index]
+        members = fill_members(databases[label], args.lookup_keys)
     # A short run first, so that no timed run pays the JVM's warm-up.
     warm_topic = f"{topic}_warmup"
     workload.produce(bootstrap, warm_topic, workload.generate(50_000, 5_000, seed=2).events, partitions=4)
-    warm_up = _pipeline("bench_warmup", warm_topic, "SELECT * FROM orders")
+    warm_up = bench_pipeline("bench_warmup", warm_topic, TRANSFORM_SQL)
     warm_settings = prepare_pipeline(warm_up, root, fresh_database(admin_dsn, "bench"), bootstrap)
 
     t0 = time.perf_counter()
@@ -115,8 +126,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
 
     names = list(workload.ORDERS_COLUMNS)
     quoted = ", ".join(f'"{c}"' for c in names)
-    step = max(CUSTOMERS // args.lookup_keys, 1)
-    expected = {key: row for key, row in load.expected.items() if (row["customer_id"] - 1) % step == 0}
+    expected = members_rows(load.expected, args.lookup_keys)
     with psycopg.connect(databases["lookup"]) as conn:
         landed = {r[0]: dict(zip(names, r, strict=True)) for r in conn.execute(f"SELECT {quoted} FROM app.orders")}
     assert landed == expected, "the lookup mirror does not hold exactly the members' rows"

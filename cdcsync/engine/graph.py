@@ -9,6 +9,9 @@ has to see the decoded changes, so a batch takes these steps (the views are the 
    (idempotently, so a recomputed partition records nothing twice); under ``on_decode_error: fail`` a task
    reports the message as a row and the driver raises. A bounded source's chunk needs no decoding: it is read
    once into the cache instead (:func:`land_graph_rows`), so a chunk goes through the same steps as a Kafka batch.
+   When one staging pass is all that reads the batch (:func:`_one_pass`), nothing is cached: that pass decodes,
+   transforms and stages, and the decoding tasks report their ends (a failure, or the partition decoded to its
+   end) through an accumulator, which the driver checks before anything merges (:class:`_DecodedInPass`).
 3. Register the views, lazily: the source; each checked dynamic table's keys as they were before this batch
    (reloaded only when the table changed); each side output's keys of this batch; each transform, in order.
 4. Side outputs land their keys in Postgres (ledgered); then each node that feeds sinks is staged in one pass
@@ -32,6 +35,7 @@ from cdcsync.config.plan import (
     input_view,
     prior_keys_view,
 )
+from cdcsync.core.errors import CdcsyncError
 from cdcsync.core.reports import ReportedFailure
 from cdcsync.core.worker_heap import freeze_long_lived
 from cdcsync.db.ledger import OffsetRanges
@@ -49,6 +53,7 @@ from cdcsync.engine.batch import (
 )
 from cdcsync.sinks.delta import DeltaTableSink
 from cdcsync.sinks.kafka import KafkaTableSink
+from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.dispatch import output_spark_schema
 from cdcsync.sources.debezium.spec import output_arrow_schema
 from cdcsync.sources.kafka import DecodeTask, decoder_input
@@ -56,6 +61,7 @@ from cdcsync.transforms.dynamic_tables import DynamicTable
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark import Accumulator
     from pyspark.sql import DataFrame, SparkSession
 
     from cdcsync.config.pipeline import Pipeline
@@ -122,26 +128,144 @@ class DecodeRowsTask:
             yield pa.RecordBatch.from_pydict(row, schema=self.schema)
 
 
-def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> DataFrame:
-    """The batch's changes, decoded once and cached; the caller unpersists it."""
+_Ends = tuple[tuple[int, str | None], ...]
+"""How the decoding tasks of a batch ended: ``(partition, encoded report or None)`` each, None when the partition
+was decoded to its end."""
+
+
+class PartitionEnds:
+    """Accumulator parameter (duck-typed, so this module needs no PySpark import) of :data:`_Ends`."""
+
+    def zero(self, value: _Ends) -> _Ends:
+        return ()
+
+    def addInPlace(self, value: _Ends, other: _Ends) -> _Ends:
+        return value + other
+
+
+@dataclass(frozen=True)
+class DecodeInPassTask:
+    """Executor side of the single pass: decode one partition into change rows for the transforms and the staging
+    task of the same job; how it ended goes to the driver through ``ends``, not as a row, since a transform's
+    projection could drop a row (picklable)."""
+
+    decode: DecodeTask
+    ends: Accumulator[_Ends]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        freeze_long_lived()
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else -1
+        try:
+            yield from self.decode(batches)
+        except ReportedFailure as failure:
+            self.ends.add(((partition, failure.report.encode()),))
+            return
+        self.ends.add(((partition, None),))
+
+
+def _decoded_rows(raw: DataFrame, decode: DecodeTask) -> DataFrame:
+    """The batch's changes, decoded lazily, a decode failure as a row of its own (:class:`DecodeRowsTask`)."""
     import pyarrow as pa
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
-    decoded = decoder_input(raw, decode.wrappers).mapInArrow(DecodeRowsTask(decode, schema), ddl)
-    decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    return decoder_input(raw, decode.wrappers).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+
+
+def _check_decoded(decoded: DataFrame, batch_id: int, pipeline_file: str) -> None:
+    """Scan every partition of ``decoded`` (:func:`_decoded_rows`); raise what a decoding task reported."""
+    from pyspark.sql import functions as F
+
     try:
-        # Scans every partition, so this also fills the cache that the later steps read.
         failures = decoded.where(F.col(_FAILURE).isNotNull()).select(_FAILURE).collect()
     except Exception as error:  # Spark wraps executor failures; see job_error
-        decoded.unpersist()
         raise job_error(error, f"decoding batch {batch_id}", pipeline_file) from None
-    if failures:
+    raise_reported([row[0] for row in failures], f"decoding batch {batch_id}", pipeline_file)
+
+
+@dataclass
+class _Cached:
+    """The batch's changes in Spark's cache, checked before any step reads them: what several passes read."""
+
+    cached: DataFrame
+    changes: DataFrame
+
+    def check(self, *, staging_failed: bool = False) -> None:
+        """Nothing left to check: the batch was checked when it was cached."""
+
+    def release(self) -> None:
+        self.cached.unpersist()
+
+
+def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _Cached:
+    """The batch's changes, decoded once and cached; the caller releases them."""
+    from pyspark import StorageLevel
+
+    decoded = _decoded_rows(raw, decode).persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    try:
+        _check_decoded(decoded, batch_id, pipeline_file)  # also fills the cache that the later steps read
+    except BaseException:
         decoded.unpersist()
-        raise_reported([row[0] for row in failures], f"decoding batch {batch_id}", pipeline_file)
-    return decoded
+        raise
+    return _Cached(decoded, decoded.drop(_FAILURE))
+
+
+@dataclass
+class _DecodedInPass:
+    """The batch's changes decoded by the staging pass itself (:class:`DecodeInPassTask`); :meth:`check` stops the
+    batch, after that pass and before any merge, as the cached path does before it stages.
+
+    Staging writes only the sinks' staging tables (:func:`_one_pass`), and the driver merges after the check, so a
+    decode failure leaves nothing merged: the same report, raised one pass later. A transform yields one row per
+    change, so the pass reads every partition to its end; should a plan ever skip one, the check decodes the
+    batch again on its own (dead letters are written idempotently) rather than merge what it cannot vouch for."""
+
+    raw: DataFrame
+    decode: DecodeTask
+    batch_id: int
+    pipeline_file: str
+    changes: DataFrame
+    ends: Accumulator[_Ends]
+
+    @classmethod
+    def of(cls, raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _DecodedInPass:
+        nothing: _Ends = ()
+        ends = raw.sparkSession.sparkContext.accumulator(nothing, PartitionEnds())  # type: ignore[arg-type]
+        changes = decoder_input(raw, decode.wrappers).mapInArrow(
+            DecodeInPassTask(decode, ends), output_spark_schema(decode.spec, dead_letters=False)
+        )
+        return cls(raw, decode, batch_id, pipeline_file, changes, ends)
+
+    def check(self, *, staging_failed: bool = False) -> None:
+        """Raise what a decoding task reported. After a failed staging pass only that: its error follows."""
+        doing = f"decoding batch {self.batch_id}"
+        ends = self.ends.value
+        raise_reported([report for _, report in ends if report is not None], doing, self.pipeline_file)
+        if staging_failed:
+            return
+        missing = set(range(self.raw.rdd.getNumPartitions())) - {partition for partition, _ in ends}
+        if missing:
+            log.info("batch %d: %d partition(s) not decoded to their end; decoding again", self.batch_id, len(missing))
+            _check_decoded(_decoded_rows(self.raw, self.decode), self.batch_id, self.pipeline_file)
+
+    def release(self) -> None:
+        """Nothing cached."""
+
+
+def _one_pass(graph: SourceGraph, pending: dict[str, BatchSink]) -> bool:
+    """Whether one staging pass is all that reads the batch, and it writes only staging tables: Postgres sinks
+    (no plugin transforms, whose code would see a batch that then fails) that all read one node, and no side
+    outputs. Then the batch need not be cached (:class:`_DecodedInPass`)."""
+    if graph.fills or not pending:
+        return False
+    nodes = {graph.sink_inputs[sink_id] for sink_id in pending}
+    return len(nodes) == 1 and all(
+        isinstance(sink, PostgresUpsertSink) and not sink.pipeline.plan.plugin_chain(sink.sink.from_)
+        for sink in pending.values()
+    )
 
 
 def _register_views(
@@ -193,9 +317,10 @@ def land_graph_batch(
 ) -> dict[str, SinkOutcome]:
     """Land one micro-batch of Kafka rows through the source's transforms and dynamic tables; see the module doc."""
 
-    def decoded() -> tuple[DataFrame, DataFrame]:
-        cached = _decode(raw, decode, batch_id, pipeline_file)
-        return cached, cached.drop(_FAILURE)
+    def decoded(pending: dict[str, BatchSink]) -> _Cached | _DecodedInPass:
+        if _one_pass(graph, pending):
+            return _DecodedInPass.of(raw, decode, batch_id, pipeline_file)
+        return _decode(raw, decode, batch_id, pipeline_file)
 
     return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets)
 
@@ -213,7 +338,7 @@ def land_graph_rows(
     Kafka batch. The rows are read once, into the cache, before anything lands: every view and sink then sees the
     same rows, however often it scans them, and a failed read stops the batch before any sink merged."""
 
-    def read() -> tuple[DataFrame, DataFrame]:
+    def read(pending: dict[str, BatchSink]) -> _Cached:
         from pyspark import StorageLevel
 
         cached = rows.persist(StorageLevel.MEMORY_AND_DISK_DESER)
@@ -222,13 +347,13 @@ def land_graph_rows(
         except Exception as error:  # Spark wraps executor failures; see job_error
             cached.unpersist()
             raise job_error(error, f"reading batch {batch_id}", pipeline_file) from None
-        return cached, cached
+        return _Cached(cached, cached)
 
     return _land_through_graph(read, "read", batch_id, checkpoint_id, graph, sinks, pipeline_file, None)
 
 
 def _land_through_graph(
-    cache: Callable[[], tuple[DataFrame, DataFrame]],
+    changes_of: Callable[[dict[str, BatchSink]], _Cached | _DecodedInPass],
     how: str,
     batch_id: int,
     checkpoint_id: str,
@@ -237,23 +362,24 @@ def _land_through_graph(
     pipeline_file: str,
     offsets: OffsetRanges | None,
 ) -> dict[str, SinkOutcome]:
-    """The ledger lookups, then ``cache()`` (the persisted batch and its change rows: only when a sink or side
-    output still needs the batch, so a batch every sink holds is not read), the steps after it, the unpersist."""
+    """The ledger lookups, then ``changes_of(pending sinks)`` (only when a sink or side output still needs the
+    batch, so a batch every sink holds is not read), the steps after it, the release of its cache."""
     keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
     if not pending and not graph.fills:
         return outcome
     started = time.monotonic()
-    cached, changes = cache()
+    changes = changes_of(pending)
     try:
         staged_at = _land_changes(
             changes, batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file
         )
     finally:
-        cached.unpersist()
+        changes.release()
     log.info(
-        "batch %d: %s, transformed and staged in %.2fs, merged %s in %.2fs",
+        "batch %d: %s%s, transformed and staged in %.2fs, merged %s in %.2fs",
         batch_id,
         how,
+        " in the staging pass" if isinstance(changes, _DecodedInPass) else "",
         staged_at - started,
         {sink_id: o.rows_merged for sink_id, o in outcome.items()},
         time.monotonic() - staged_at,
@@ -262,7 +388,7 @@ def _land_through_graph(
 
 
 def _land_changes(
-    changes: DataFrame,
+    batch: _Cached | _DecodedInPass,
     batch_id: int,
     checkpoint_id: str,
     graph: SourceGraph,
@@ -272,10 +398,10 @@ def _land_changes(
     offsets: OffsetRanges | None,
     pipeline_file: str,
 ) -> float:
-    """Steps 3 to 5 of the module doc over the batch's change rows (cached by the caller); fills ``outcome`` and
-    returns when the staging ended."""
-    spark = changes.sparkSession  # the query's own session: its temp views are invisible to other queries
-    _register_views(spark, graph, changes, checkpoint_id, batch_id)
+    """Steps 3 to 5 of the module doc over the batch's change rows; fills ``outcome`` and returns when the staging
+    ended."""
+    spark = batch.changes.sparkSession  # the query's own session: its temp views are invisible to other queries
+    _register_views(spark, graph, batch.changes, checkpoint_id, batch_id)
     for table_id, table in graph.tables.items():
         if table_id in graph.fills and not table.in_memory:
             table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id, offsets)
@@ -285,12 +411,17 @@ def _land_changes(
     written = executor_sinks({s: sink for s, sink in pending.items() if s not in lake})
     for sink_id in written:
         by_node.setdefault(graph.sink_inputs[sink_id], []).append(sink_id)
-    for node, sink_ids in by_node.items():
-        task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
-        rows = spark.table(input_view(node))
-        if any(isinstance(written[s], KafkaTableSink) for s in sink_ids):
-            rows = by_source_partition(rows)
-        staged.update(zip(sink_ids, stage(rows, task, batch_id, pipeline_file), strict=True))
+    try:
+        for node, sink_ids in by_node.items():
+            task = StageRowsTask(tuple(writer_for(written[s], batch_id, checkpoint_id) for s in sink_ids))
+            rows = spark.table(input_view(node))
+            if any(isinstance(written[s], KafkaTableSink) for s in sink_ids):
+                rows = by_source_partition(rows)
+            staged.update(zip(sink_ids, stage(rows, task, batch_id, pipeline_file), strict=True))
+    except CdcsyncError:
+        batch.check(staging_failed=True)  # a decode failure is the user's to fix first, as on the cached path
+        raise
+    batch.check()
     staged_at = time.monotonic()
     outcome.update(merge_all(written, keys, staged))
     for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
