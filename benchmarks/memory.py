@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.common import (
     BenchServices,
     add_service_arguments,
+    add_spark_conf_argument,
     bench_services,
     cdcsync_run,
     cli_env,
@@ -83,17 +84,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-offsets-per-trigger", type=int, default=None, help="the source's setting (default: the product's)"
     )
     parser.add_argument("--sample-ms", type=float, default=100.0, help="how often /proc is read (default 100 ms)")
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting for the runs (spark.conf), e.g. spark.driver.memory=1g; may be repeated",
-    )
+    add_spark_conf_argument(parser)
     add_service_arguments(parser)
     args = parser.parse_args(argv)
-    if any("=" not in item for item in args.spark_conf):
-        parser.error("--spark-conf takes KEY=VALUE")
     if min(args.changes) <= 0 or args.keys <= 0 or args.sample_ms <= 0:
         parser.error("--changes, --keys and --sample-ms must be positive")
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger <= 0:
@@ -237,10 +230,7 @@ def drain(args: argparse.Namespace, root: Path, services: BenchServices, changes
         dsn = fresh_database(services.admin_dsn, "memory")
         run_root = root / f"run_{changes}"
         run_root.mkdir()
-        env = cli_env(run_root, dsn, services.bootstrap)
-        env.update(
-            {f"CDCSYNC__SPARK__CONF__{item.partition('=')[0]}": item.partition("=")[2] for item in args.spark_conf}
-        )
+        env = cli_env(run_root, dsn, services.bootstrap, dict(args.spark_conf))
         options = {"max_offsets_per_trigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else {}
         pipeline_file = write_mirror_pipeline(run_root, "memory", topic, workload.ORDERS_COLUMNS, options)
         init_and_migrate(pipeline_file, env)
