@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,13 +76,7 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     # Resolves into the cdcsync cache unless already there (then no Java is started): a connector that cannot be
     # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
-    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **DELTA_SPARK_CONF, **settings.spark.conf}
-    java_options = [
-        f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}",
-        driver_java_options(settings.spark.class_data_sharing),
-        conf.get("spark.driver.extraJavaOptions", ""),
-    ]
-    conf["spark.driver.extraJavaOptions"] = " ".join(option for option in java_options if option).strip()
+    conf = session_conf(settings, spark_jars_conf(), driver_java_options(settings.spark.class_data_sharing))
     for key, value in conf.items():
         builder = builder.config(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", _current_python())
@@ -90,6 +84,38 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     spark.sparkContext.setLogLevel("ERROR")
     _start_python_workers(spark)
     return spark
+
+
+def session_conf(settings: Settings, jars_conf: Mapping[str, str], archive_options: str) -> dict[str, str]:
+    """Spark's conf for a run: cdcsync's defaults, the jars and Delta Lake's, the user's ``spark.conf`` over them,
+    and the driver JVM's options: cdcsync's (quiet logs, the class-data-sharing archive, :func:`heap_options`)
+    merged with the user's own ``spark.driver.extraJavaOptions`` by :func:`merge_java_options`."""
+    conf = {**DEFAULT_SPARK_CONF, **jars_conf, **DELTA_SPARK_CONF, **settings.spark.conf}
+    ours = [f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}", archive_options, *heap_options(conf)]
+    conf["spark.driver.extraJavaOptions"] = merge_java_options(ours, conf.get("spark.driver.extraJavaOptions", ""))
+    return conf
+
+
+def heap_options(conf: Mapping[str, str]) -> list[str]:
+    """The driver JVM's heap fixed at ``spark.driver.memory`` (which Spark passes as ``-Xmx``; it refuses ``-Xmx``
+    in ``extraJavaOptions``, not ``-Xms``).
+
+    G1 otherwise starts small and grows the heap whenever collections take more than its time target: how far
+    it has grown, and so the JVM's resident memory, depended on how long a run went on and how loaded the machine
+    was (947 MiB after a 1M-change backlog, 1,295 MiB after 5M, docs/benchmarks.md), not on the settings. A heap
+    of its final size from the start never grows, so the driver's memory is bounded by configuration alone.
+    """
+    memory = conf.get("spark.driver.memory", "").strip()
+    return [f"-Xms{memory}"] if memory else []
+
+
+def merge_java_options(ours: Sequence[str], theirs: str) -> str:
+    """cdcsync's JVM options first, the user's ``spark.driver.extraJavaOptions`` after them, nothing dropped.
+
+    The JVM takes the last of an option given twice (``-Xms``, ``-XX:GCTimeRatio=``, ``-XX:+/-Flag``,
+    ``-Dkey=``), so a user's option wins over cdcsync's of the same name and every other one of ours stays.
+    """
+    return " ".join(option.strip() for option in (*ours, theirs) if option.strip())
 
 
 def _start_python_workers(spark: SparkSession) -> None:
