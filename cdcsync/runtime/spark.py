@@ -30,7 +30,8 @@ DEFAULT_SPARK_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.driver.memory": "2g",
+    # The driver JVM's heap, held at this size (heap_options): see docs/pipeline-reference.md, "the driver's memory".
+    "spark.driver.memory": "1g",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",
     # Batches are bounded by the record count above. Any other byte limit makes Spark size every row it writes
     # to Arrow (about 7% of the executors' JVM time on schema-wrapped JSON); Int.MaxValue turns that off.
@@ -97,16 +98,19 @@ def session_conf(settings: Settings, jars_conf: Mapping[str, str], archive_optio
 
 
 def heap_options(conf: Mapping[str, str]) -> list[str]:
-    """The driver JVM's heap fixed at ``spark.driver.memory`` (which Spark passes as ``-Xmx``; it refuses ``-Xmx``
-    in ``extraJavaOptions``, not ``-Xms``).
+    """The driver JVM's heap held at the size ``spark.driver.memory`` gives it (Spark passes that as ``-Xmx`` and
+    refuses ``-Xmx`` in ``extraJavaOptions``; ``-Xms`` it lets through), with a young generation of a quarter of it.
 
-    G1 otherwise starts small and grows the heap whenever collections take more than its time target: how far
-    it has grown, and so the JVM's resident memory, depended on how long a run went on and how loaded the machine
-    was (947 MiB after a 1M-change backlog, 1,295 MiB after 5M, docs/benchmarks.md), not on the settings. A heap
-    of its final size from the start never grows, so the driver's memory is bounded by configuration alone.
+    G1 otherwise starts with a small heap and grows it whenever collections take more than its time target, and
+    sizes the young generation (where Kafka's records and Spark's rows live and die) up to 60% of the heap: how far
+    it had grown, and so the JVM's resident memory, depended on how long a run went on and how loaded the machine
+    was (947 MiB after a 1M-change backlog, 1,295 MiB after 5M), not on the settings. A heap that never grows and
+    a young generation of fixed size touch the same memory in a short run as in a long one: the JVM's memory is
+    bounded by configuration alone. The live heap after a collection is 100-200 MiB (docs/benchmarks.md, session
+    11), so a quarter of 1g is room enough for a micro-batch's garbage between collections.
     """
     memory = conf.get("spark.driver.memory", "").strip()
-    return [f"-Xms{memory}"] if memory else []
+    return [*([f"-Xms{memory}"] if memory else []), "-XX:NewRatio=3"]
 
 
 def merge_java_options(ours: Sequence[str], theirs: str) -> str:

@@ -555,15 +555,16 @@ def test_the_driver_heap_is_fixed_at_its_setting_and_the_users_jvm_options_come_
     conf = session_conf(load_settings(), {"spark.jars": "kafka.jar"}, archive)
     options = conf["spark.driver.extraJavaOptions"].split()
     assert options[0].startswith("-Dlog4j.configurationFile=file:") and conf["spark.jars"] == "kafka.jar"
-    assert options[1:] == [*archive.split(), f"-Xms{DEFAULT_SPARK_CONF['spark.driver.memory']}"]
+    memory = DEFAULT_SPARK_CONF["spark.driver.memory"]
+    assert options[1:] == [*archive.split(), f"-Xms{memory}", "-XX:NewRatio=3"]
     assert not any("Xmx" in option for option in options)  # Spark refuses it there: spark.driver.memory sets it
 
     mine = {"spark.driver.memory": "768m", "spark.driver.extraJavaOptions": " -Xms256m  -Dmine=yes "}
     conf = session_conf(load_settings(spark__conf=mine), {}, "")
     assert conf["spark.driver.memory"] == "768m"
-    assert conf["spark.driver.extraJavaOptions"].split()[1:] == ["-Xms768m", "-Xms256m", "-Dmine=yes"]
+    assert conf["spark.driver.extraJavaOptions"].split()[1:] == ["-Xms768m", "-XX:NewRatio=3", "-Xms256m", "-Dmine=yes"]
     no_size = session_conf(load_settings(spark__conf={"spark.driver.memory": ""}), {}, "")
-    assert "-Xms" not in no_size["spark.driver.extraJavaOptions"]
+    assert no_size["spark.driver.extraJavaOptions"].split()[1:] == ["-XX:NewRatio=3"]
 
 
 @pytest.mark.parametrize(
