@@ -21,7 +21,8 @@ the backlog. This benchmark checks it with the real command, for each ``--change
 
 5. checks the mirror equals the expected final state, notes the micro-batches from the ledger, then drops the
    database and deletes the topic (a 5M-change topic is about 2.5 GB of broker disk);
-6. prints the peaks of each backlog side by side with the ratio to the first, how RSS moved over each run (peak
+6. prints the peaks of each backlog side by side with the ratio to the first (and the CPU seconds of the JVM and
+   the workers, which a loaded machine changes less than the wall time), how RSS moved over each run (peak
    per quarter of the run: a plateau is memory bounded by configuration; a climb is memory that grows with the
    backlog), and whether the issue's goal holds: peak RSS at the largest backlog within 20% of the smallest.
 
