@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,28 @@ class BenchServices:
     """ClickHouse HTTP interface (clickhouse-connect DSN); empty when services were given without one."""
     schema_registry_url: str = ""
     """A Confluent-compatible schema registry; empty when services were given without one."""
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """An argparse ``type`` for ``KEY=VALUE`` (the value may hold ``=`` itself, as JVM options do)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def add_spark_conf_argument(parser: argparse.ArgumentParser) -> None:
+    """``--spark-conf KEY=VALUE`` (repeatable): Spark settings for a benchmark's ``cdcsync`` runs, to compare a
+    setting against the defaults back to back; pass ``dict(args.spark_conf)`` to :func:`cli_env`."""
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=key_value,
+        help="a Spark setting for the runs (spark.conf, over cdcsync's defaults), e.g. spark.driver.memory=1g "
+        "or spark.driver.extraJavaOptions='-XX:+UseSerialGC'; repeatable",
+    )
 
 
 def add_service_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +154,9 @@ def timed_run(pipeline: Pipeline, settings: Settings, spark: Any, source: str = 
 MIRROR_SCHEMA, MIRROR_TABLE = "app", "orders"
 
 
-def cli_env(root: Path, dsn: str, bootstrap: str) -> dict[str, str]:
-    """This environment with the run's own settings (and none of the caller's ``CDCSYNC__`` ones)."""
+def cli_env(root: Path, dsn: str, bootstrap: str, spark_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment with the run's own settings (and none of the caller's ``CDCSYNC__`` ones), ``spark_conf``
+    as the run's ``spark.conf`` (one JSON variable, as the tests pass theirs: the keys keep their case)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCSYNC__")}
     env.update(
         CDCSYNC__POSTGRES__DSN=dsn,
@@ -140,6 +164,8 @@ def cli_env(root: Path, dsn: str, bootstrap: str) -> dict[str, str]:
         CDCSYNC__STATE_DIR=str(root / "state"),
         CDCSYNC__MIGRATIONS_DIR=str(root / "migrations"),
     )
+    if spark_conf:
+        env["CDCSYNC__SPARK__CONF"] = json.dumps(dict(spark_conf))
     return env
 
 

@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks import jvm_threads
 from benchmarks.common import (
     add_service_arguments,
+    add_spark_conf_argument,
     bench_services,
     cdcsync_run,
     cli_env,
@@ -114,13 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
     )
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark conf for the run (spark.conf in its settings file; repeatable), e.g. JVM options to compare",
-    )
+    add_spark_conf_argument(parser)
     parser.add_argument(
         "--window-s",
         type=float,
@@ -133,8 +128,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--rate, --seconds, --keys, --poll-ms and --window-s must be positive, --warmup-seconds not negative"
         )
-    if any("=" not in item for item in args.spark_conf):
-        parser.error("--spark-conf takes KEY=VALUE")
     return args
 
 
@@ -273,11 +266,9 @@ def _measure(
     import psycopg
 
     prime, warmup, steady = events_by_phase
-    env = cli_env(root, dsn, bootstrap)
+    env = cli_env(root, dsn, bootstrap, dict(args.spark_conf))
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
-    if args.spark_conf:  # a settings file, as a user would write one
-        env["CDCSYNC_CONFIG"] = str(write_settings(root, dict(item.split("=", 1) for item in args.spark_conf)))
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -446,15 +437,6 @@ def report_batches(
             f"p99 {percentile(ordered, 0.99):.3f}, max {ordered[-1]:.3f} s"
         )
     print(f"load average:                {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
-
-
-def write_settings(root: Path, spark_conf: dict[str, str]) -> Path:
-    """A cdcsync settings file with ``spark.conf`` (``CDCSYNC_CONFIG``) for the run."""
-    import yaml
-
-    path = root / "cdcsync-settings.yaml"
-    path.write_text(yaml.safe_dump({"spark": {"conf": spark_conf}}))
-    return path
 
 
 @dataclass

@@ -21,7 +21,8 @@ the backlog. This benchmark checks it with the real command, for each ``--change
 
 5. checks the mirror equals the expected final state, notes the micro-batches from the ledger, then drops the
    database and deletes the topic (a 5M-change topic is about 2.5 GB of broker disk);
-6. prints the peaks of each backlog side by side with the ratio to the first, how RSS moved over each run (peak
+6. prints the peaks of each backlog side by side with the ratio to the first (and the CPU seconds of the JVM and
+   the workers, which a loaded machine changes less than the wall time), how RSS moved over each run (peak
    per quarter of the run: a plateau is memory bounded by configuration; a climb is memory that grows with the
    backlog), and whether the issue's goal holds: peak RSS at the largest backlog within 20% of the smallest.
 
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from benchmarks.common import (
     BenchServices,
     add_service_arguments,
+    add_spark_conf_argument,
     bench_services,
     cdcsync_run,
     cli_env,
@@ -64,9 +66,13 @@ PARTITIONS = 4
 GOAL_RATIO = 1.2
 """Issue 14: peak RSS at 5M changes of backlog within 20% of 1M."""
 _PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+_TICK = os.sysconf("SC_CLK_TCK")
 ROLES = ("driver", "jvm", "cli", "workers", "largest worker", "all")
 """What each sample holds (KiB): ``driver`` = ``cli`` + ``jvm``; ``workers`` = daemon + forked workers; ``all`` =
 every process of the run's session (also a launcher shell while Spark starts)."""
+CPU_ROLES = ("cpu cli", "cpu jvm", "cpu workers")
+"""And the CPU ticks each role has spent so far (user + system, with its reaped children's): the largest sample is
+the run's CPU, a figure a loaded machine changes less than the wall time."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -83,17 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-offsets-per-trigger", type=int, default=None, help="the source's setting (default: the product's)"
     )
     parser.add_argument("--sample-ms", type=float, default=100.0, help="how often /proc is read (default 100 ms)")
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting for the runs (spark.conf), e.g. spark.driver.memory=1g; may be repeated",
-    )
+    add_spark_conf_argument(parser)
     add_service_arguments(parser)
     args = parser.parse_args(argv)
-    if any("=" not in item for item in args.spark_conf):
-        parser.error("--spark-conf takes KEY=VALUE")
     if min(args.changes) <= 0 or args.keys <= 0 or args.sample_ms <= 0:
         parser.error("--changes, --keys and --sample-ms must be positive")
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger <= 0:
@@ -110,6 +108,7 @@ class Proc:
     ppid: int
     comm: str
     rss_kib: int
+    cpu_ticks: int = 0
 
 
 def session_processes(session: int) -> list[Proc]:
@@ -128,23 +127,28 @@ def session_processes(session: int) -> list[Proc]:
         fields = text[close + 2 :].split()  # fields 3 (state) onwards of proc(5)
         if int(fields[3]) == session:
             comm = text[text.index(b"(") + 1 : close].decode(errors="replace")
-            found.append(Proc(int(entry.name), int(fields[1]), comm, int(fields[21]) * _PAGE_KIB))
+            cpu = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+            found.append(Proc(int(entry.name), int(fields[1]), comm, int(fields[21]) * _PAGE_KIB, cpu))
     return found
 
 
 def classify(processes: Sequence[Proc], root: int, is_daemon: dict[int, bool]) -> dict[str, int]:
-    """One sample: KiB per role (see :data:`ROLES`). ``is_daemon`` caches, per pid, whether its command line is
-    ``pyspark.daemon`` (its forked workers carry the same one; a worker is one whose parent is one too)."""
+    """One sample: KiB per role (see :data:`ROLES`) and CPU ticks (:data:`CPU_ROLES`). ``is_daemon`` caches, per
+    pid, whether its command line is ``pyspark.daemon`` (its forked workers carry the same one; a worker is one
+    whose parent is one too)."""
     by_pid = {p.pid: p for p in processes}
-    sample = dict.fromkeys(ROLES, 0)
+    sample = dict.fromkeys((*ROLES, *CPU_ROLES), 0)
     for proc in processes:
         sample["all"] += proc.rss_kib
         if proc.pid == root:
             sample["cli"] += proc.rss_kib
+            sample["cpu cli"] += proc.cpu_ticks
         elif proc.comm == "java":
             sample["jvm"] += proc.rss_kib
+            sample["cpu jvm"] += proc.cpu_ticks
         elif _is_daemon(proc.pid, is_daemon):
             sample["workers"] += proc.rss_kib
+            sample["cpu workers"] += proc.cpu_ticks  # a worker that ended is in the daemon's (its parent's) count
             if proc.ppid in by_pid and _is_daemon(proc.ppid, is_daemon):
                 sample["largest worker"] = max(sample["largest worker"], proc.rss_kib)
     sample["driver"] = sample["cli"] + sample["jvm"]
@@ -237,10 +241,7 @@ def drain(args: argparse.Namespace, root: Path, services: BenchServices, changes
         dsn = fresh_database(services.admin_dsn, "memory")
         run_root = root / f"run_{changes}"
         run_root.mkdir()
-        env = cli_env(run_root, dsn, services.bootstrap)
-        env.update(
-            {f"CDCSYNC__SPARK__CONF__{item.partition('=')[0]}": item.partition("=")[2] for item in args.spark_conf}
-        )
+        env = cli_env(run_root, dsn, services.bootstrap, dict(args.spark_conf))
         options = {"max_offsets_per_trigger": args.max_offsets_per_trigger} if args.max_offsets_per_trigger else {}
         pipeline_file = write_mirror_pipeline(run_root, "memory", topic, workload.ORDERS_COLUMNS, options)
         init_and_migrate(pipeline_file, env)
@@ -314,6 +315,8 @@ def report(args: argparse.Namespace, runs: Sequence[Backlog]) -> None:
     print(f"{'messages (with tombstones)':38}" + "".join(f"{one.messages:>18,}" for one in runs))
     print(f"{'micro-batches':38}" + "".join(f"{one.batches:>18}" for one in runs))
     print(f"{'run --available-now, wall (s)':38}" + "".join(f"{one.run_s:>18.0f}" for one in runs))
+    for label, role in (("CPU s: the JVM", "cpu jvm"), ("CPU s: the Python workers", "cpu workers")):
+        print(f"{label:38}" + "".join(f"{one.peak(role) / _TICK:>18.1f}" for one in runs))
     print()
     print("peak RSS per quarter of each run (MiB): a plateau is bounded by configuration, a climb by the backlog")
     for one in runs:

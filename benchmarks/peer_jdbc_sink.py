@@ -50,6 +50,7 @@ from benchmarks.common import (
     bench_services,
     delete_topics,
     fresh_database,
+    key_value,
     machine_line,
     prepare_pipeline,
     timed_run,
@@ -83,7 +84,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        type=_key_value,
+        type=key_value,
         help="an extra setting of the JDBC sink connector (repeatable; wins over the defaults)",
     )
     parser.add_argument(
@@ -114,13 +115,6 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
     return value
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
 
 
 def change_row(value: bytes) -> tuple[str, Row | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,8 @@ DEFAULT_SPARK_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.driver.memory": "2g",
+    # The driver JVM's heap, held at this size (heap_options): see docs/pipeline-reference.md, "the driver's memory".
+    "spark.driver.memory": "1g",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",
     # Batches are bounded by the record count above. Any other byte limit makes Spark size every row it writes
     # to Arrow (about 7% of the executors' JVM time on schema-wrapped JSON); Int.MaxValue turns that off.
@@ -76,13 +77,7 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     # Resolves into the cdcsync cache unless already there (then no Java is started): a connector that cannot be
     # had fails here with the repository named, not as a Java gateway that exited while starting Spark.
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name)
-    conf = {**DEFAULT_SPARK_CONF, **spark_jars_conf(), **DELTA_SPARK_CONF, **settings.spark.conf}
-    java_options = [
-        f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}",
-        driver_java_options(settings.spark.class_data_sharing),
-        conf.get("spark.driver.extraJavaOptions", ""),
-    ]
-    conf["spark.driver.extraJavaOptions"] = " ".join(option for option in java_options if option).strip()
+    conf = session_conf(settings, spark_jars_conf(), driver_java_options(settings.spark.class_data_sharing))
     for key, value in conf.items():
         builder = builder.config(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", _current_python())
@@ -90,6 +85,41 @@ def build_spark_session(settings: Settings, app_name: str) -> SparkSession:
     spark.sparkContext.setLogLevel("ERROR")
     _start_python_workers(spark)
     return spark
+
+
+def session_conf(settings: Settings, jars_conf: Mapping[str, str], archive_options: str) -> dict[str, str]:
+    """Spark's conf for a run: cdcsync's defaults, the jars and Delta Lake's, the user's ``spark.conf`` over them,
+    and the driver JVM's options: cdcsync's (quiet logs, the class-data-sharing archive, :func:`heap_options`)
+    merged with the user's own ``spark.driver.extraJavaOptions`` by :func:`merge_java_options`."""
+    conf = {**DEFAULT_SPARK_CONF, **jars_conf, **DELTA_SPARK_CONF, **settings.spark.conf}
+    ours = [f"-Dlog4j.configurationFile=file:{_LOG4J_PROPERTIES}", archive_options, *heap_options(conf)]
+    conf["spark.driver.extraJavaOptions"] = merge_java_options(ours, conf.get("spark.driver.extraJavaOptions", ""))
+    return conf
+
+
+def heap_options(conf: Mapping[str, str]) -> list[str]:
+    """The driver JVM's heap held at the size ``spark.driver.memory`` gives it (Spark passes that as ``-Xmx`` and
+    refuses ``-Xmx`` in ``extraJavaOptions``; ``-Xms`` it lets through), with a young generation of a quarter of it.
+
+    G1 otherwise starts with a small heap and grows it whenever collections take more than its time target, and
+    sizes the young generation (where Kafka's records and Spark's rows live and die) up to 60% of the heap: how far
+    it had grown, and so the JVM's resident memory, depended on how long a run went on and how loaded the machine
+    was (947 MiB after a 1M-change backlog, 1,295 MiB after 5M), not on the settings. A heap that never grows and
+    a young generation of fixed size touch the same memory in a short run as in a long one: the JVM's memory is
+    bounded by configuration alone. The live heap after a collection is 100-200 MiB (docs/benchmarks.md, session
+    11), so a quarter of 1g is room enough for a micro-batch's garbage between collections.
+    """
+    memory = conf.get("spark.driver.memory", "").strip()
+    return [*([f"-Xms{memory}"] if memory else []), "-XX:NewRatio=3"]
+
+
+def merge_java_options(ours: Sequence[str], theirs: str) -> str:
+    """cdcsync's JVM options first, the user's ``spark.driver.extraJavaOptions`` after them, nothing dropped.
+
+    The JVM takes the last of an option given twice (``-Xms``, ``-XX:GCTimeRatio=``, ``-XX:+/-Flag``,
+    ``-Dkey=``), so a user's option wins over cdcsync's of the same name and every other one of ours stays.
+    """
+    return " ".join(option.strip() for option in (*ours, theirs) if option.strip())
 
 
 def _start_python_workers(spark: SparkSession) -> None:

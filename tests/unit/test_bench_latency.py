@@ -1,14 +1,18 @@
-"""The pure parts of ``benchmarks/latency.py``: arguments, the percentile, the ``ts_ms`` stamp and the priming
-split. Nothing is started."""
+"""The pure parts of ``benchmarks/latency.py`` (and the ``--spark-conf`` it shares with ``memory.py``): arguments,
+the percentile, the ``ts_ms`` stamp and the priming split. Nothing is started."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from benchmarks import jvm_threads
+from benchmarks import jvm_threads, memory
+from benchmarks.common import cli_env
 from benchmarks.latency import (
     _events_for_changes,
     batch_timings,
@@ -17,8 +21,8 @@ from benchmarks.latency import (
     phases,
     spark_durations,
     stamp,
-    write_settings,
 )
+from cdcsync.config.settings import load_settings
 from cdcsync.devstack import workload
 
 pytestmark = pytest.mark.unit
@@ -93,16 +97,26 @@ def test_per_batch_figures_are_read_from_the_debug_log_after_the_priming() -> No
     assert spark_durations(log, after_batch=0)["addBatch"] == [3.6, 0.4]
 
 
-def test_spark_conf_arguments_and_settings_file(tmp_path: Path) -> None:
-    import yaml
+@pytest.mark.parametrize("parse", [parse_args, memory.parse_args])
+def test_spark_conf_reaches_the_runs_settings_with_its_keys_as_written(
+    parse: Callable[[list[str]], argparse.Namespace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = parse(["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -Da=b", "--spark-conf", "k=v"])
+    monkeypatch.setenv("CDCSYNC__SPARK__CONF__stale", "from the caller")  # a run never sees the caller's settings
+    env = cli_env(tmp_path, "postgresql://x@h/db", "h:9092", dict(args.spark_conf))
+    for name in [name for name in os.environ if name.startswith("CDCSYNC")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    assert load_settings().spark.conf == {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Da=b", "k": "v"}
+    assert "CDCSYNC__SPARK__CONF" not in cli_env(tmp_path, "postgresql://x@h/db", "h:9092")
+    for refused in (["--spark-conf", "no-value"], ["--spark-conf", "=v"]):
+        with pytest.raises(SystemExit):
+            parse(refused)
 
-    args = parse_args(["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -Da=b", "--spark-conf", "k=v"])
-    path = write_settings(tmp_path, dict(item.split("=", 1) for item in args.spark_conf))
-    assert yaml.safe_load(path.read_text()) == {
-        "spark": {"conf": {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -Da=b", "k": "v"}}
-    }
-    with pytest.raises(SystemExit):
-        parse_args(["--spark-conf", "no-value"])
+
+def test_window_must_be_positive() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--window-s", "0"])
 

@@ -546,3 +546,43 @@ def test_the_checkpoint_writer_spark_is_told_to_use_is_in_this_pyspark() -> None
     entry = name.replace(".", "/") + ".class"
     jars = (Path(pyspark.__file__).parent / "jars").glob("spark-sql_*.jar")
     assert any(entry in zipfile.ZipFile(jar).namelist() for jar in jars), name
+
+
+def test_the_driver_heap_is_fixed_at_its_setting_and_the_users_jvm_options_come_last() -> None:
+    from cdcsync.runtime.spark import DEFAULT_SPARK_CONF, session_conf
+
+    archive = "-XX:SharedArchiveFile=/cache/a.jsa -Xshare:auto"
+    conf = session_conf(load_settings(), {"spark.jars": "kafka.jar"}, archive)
+    options = conf["spark.driver.extraJavaOptions"].split()
+    assert options[0].startswith("-Dlog4j.configurationFile=file:") and conf["spark.jars"] == "kafka.jar"
+    memory = DEFAULT_SPARK_CONF["spark.driver.memory"]
+    assert options[1:] == [*archive.split(), f"-Xms{memory}", "-XX:NewRatio=3"]
+    assert not any("Xmx" in option for option in options)  # Spark refuses it there: spark.driver.memory sets it
+
+    mine = {"spark.driver.memory": "768m", "spark.driver.extraJavaOptions": " -Xms256m  -Dmine=yes "}
+    conf = session_conf(load_settings(spark__conf=mine), {}, "")
+    assert conf["spark.driver.memory"] == "768m"
+    assert conf["spark.driver.extraJavaOptions"].split()[1:] == ["-Xms768m", "-XX:NewRatio=3", "-Xms256m", "-Dmine=yes"]
+    no_size = session_conf(load_settings(spark__conf={"spark.driver.memory": ""}), {}, "")
+    assert no_size["spark.driver.extraJavaOptions"].split()[1:] == ["-XX:NewRatio=3"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "initial_mib"), [("", 768), ("-Xms256m", 256)], ids=["ours: heap fixed", "theirs win"]
+)
+def test_the_jvm_takes_the_last_of_a_repeated_option(extra: str, initial_mib: int) -> None:
+    """What the merge rule rests on, asked of the JVM the driver runs on, started as Spark starts it."""
+    import subprocess
+
+    from cdcsync.runtime.cds import java_executable
+    from cdcsync.runtime.spark import session_conf
+
+    conf = session_conf(
+        load_settings(spark__conf={"spark.driver.memory": "768m", "spark.driver.extraJavaOptions": extra}), {}, ""
+    )
+    java = java_executable()
+    assert java is not None, "Spark's driver needs Java"
+    argv = [java, f"-Xmx{conf['spark.driver.memory']}", *conf["spark.driver.extraJavaOptions"].split()]
+    flags = subprocess.run([*argv, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, check=True)
+    sizes = {line.split()[1]: int(line.split()[3]) for line in flags.stdout.splitlines() if "HeapSize " in line}
+    assert (sizes["InitialHeapSize"], sizes["MaxHeapSize"]) == (initial_mib << 20, 768 << 20)
