@@ -62,7 +62,8 @@ def _process_cpu(pid: int) -> float:
 
 
 def _driver_jvm() -> int:
-    """The Spark driver JVM: the Java child of this process (spark-submit execs into it)."""
+    """The Spark driver JVM: the child of this process that runs SparkSubmit (spark-submit execs into it). Not just
+    any Java child: a Kafka broker this benchmark started is one too."""
     me = str(os.getpid())
     for entry in Path("/proc").iterdir():
         try:
@@ -70,7 +71,7 @@ def _driver_jvm() -> int:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if parent == me and b"java" in command:
+        if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
             return int(entry.name)
     raise RuntimeError("no Spark driver JVM among this process's children")
 
