@@ -77,7 +77,7 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
+    from cdcsync.sources.debezium.avro_registry import WRONG_URL_HINT, SchemaRegistryAccess, is_not_found
     from cdcsync.sources.debezium.avro_schema import collect_names, envelope_row_fields, row_fields_of_record
 
     access = SchemaRegistryAccess.from_settings(settings)
@@ -87,7 +87,7 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
         try:
             registered = client.get_latest_version(subject)
         except SchemaRegistryError as error:
-            if error.http_status_code == 404:
+            if is_not_found(error):
                 return None
             raise
         return json.loads(registered.schema.schema_str or "null")
@@ -97,7 +97,8 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
         value = latest(f"{topic}-value")
         key = latest(f"{topic}-key") if value is not None else None
     except Exception as error:  # unreachable, refused, a bad answer: all say the same to the user
-        return access.scrub(f"{where} could not be read: {type(error).__name__}: {error}")[:500]
+        hint = f" ({WRONG_URL_HINT})" if getattr(error, "http_status_code", None) == 404 else ""
+        return access.scrub(f"{where} could not be read: {type(error).__name__}: {error}{hint}")[:500]
     if value is None:
         return f"{where} has no subject '{topic}-value' (nothing was published to topic {topic} in Avro yet?)"
     origin = f"subject '{topic}-value' of {where}"

@@ -373,6 +373,20 @@ def test_an_unknown_schema_id_is_a_dead_letter(schema_registry_url: str) -> None
     assert "HTTP 404" in row["_dlq_reason"] and row["_dlq_value"] == raw and row["id"] is None
 
 
+def test_a_url_without_the_registry_api_fails_the_task_and_dead_letters_nothing(schema_registry_url: str) -> None:
+    """The registry's server without its API's path (Apicurio's root instead of ``/apis/ccompat/v7``) answers
+    HTTP 404 to every id, with an error code that is not "schema not found": the configuration's fault, so the
+    task fails naming the setting, and no message becomes a dead letter (else every message would)."""
+    root = schema_registry_url.split("/apis/")[0] + "/"
+    raw = b"\x00" + (2_000_000_001).to_bytes(4, "big") + b"\x00"
+    with pytest.raises(ReportedFailure) as failure:
+        decode(spec_for(root, COLUMNS), [(b"k", raw)])
+    report = failure.value.report
+    assert report.kind is Kind.SERVICE_UNAVAILABLE
+    for fragment in ("does not answer as a schema registry", "HTTP 404", "CDCSYNC__SCHEMA_REGISTRY__URL", "ccompat"):
+        assert fragment in report.describe()
+
+
 def test_registry_down_is_retried_then_fails_the_task_and_dead_letters_nothing(
     schema_registry_url: str, topic: str
 ) -> None:

@@ -136,6 +136,17 @@ def test_an_unknown_subject_is_reported(project: Path, topic_name: str) -> None:
     assert code == 2 and f"has no subject '{topic_name}-value'" in err, err
 
 
+
+def test_a_registry_url_without_its_api_path_is_named_not_taken_for_a_missing_subject(
+    project: Path, topic_name: str, schema_registry_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apicurio's root answers 404 to every subject; init must not read that as "nothing published yet"."""
+    monkeypatch.setenv("CDCSYNC__SCHEMA_REGISTRY__URL", schema_registry_url.split("/apis/")[0])
+    project.write_text(yaml.safe_dump(pipeline(topic_name, format="avro")))
+    code, _, err = invoke("init", str(project))
+    assert code == 2 and "could not be read" in err and "CDCSYNC__SCHEMA_REGISTRY__URL" in err, err
+    assert "has no subject" not in err
+
 def _avro(schema: dict[str, Any]) -> Any:
     from confluent_kafka.schema_registry import Schema
 

@@ -735,6 +735,24 @@ def test_an_unreachable_registry_fails_the_task_after_its_budget_and_dead_letter
     assert set(fake.calls) == {1}
 
 
+def test_a_404_that_is_not_about_the_id_fails_the_task_and_dead_letters_nothing(registry: Any) -> None:
+    """Only Confluent's "not found" codes make an id unknown; any other 404 says the URL serves no registry API."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    fake, access = registry
+    schema = envelope(BASIC_FIELDS)
+    schema_id = fake.add(schema)
+    fake.failures = [SchemaRegistryError(404, 404, "RESTEASY003210: Could not find resource for full path")]
+    spec = spec_for(access, BASIC_COLUMNS)
+    with pytest.raises(ReportedFailure) as raised:
+        decode(spec, [(None, encode(schema_id, schema, change("c", after={"id": 1, "name": "a", "qty": 1})))])
+    report = raised.value.report
+    assert report.kind is Kind.SERVICE_UNAVAILABLE
+    for fragment in ("does not answer as a schema registry", "error code 404", "CDCSYNC__SCHEMA_REGISTRY__URL"):
+        assert fragment in report.describe()
+    assert fake.calls == [schema_id]  # not retried: the answer will not change
+
+
 def test_a_refusing_registry_fails_the_task_naming_the_status_and_never_the_password() -> None:
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 

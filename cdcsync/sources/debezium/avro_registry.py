@@ -5,7 +5,11 @@ keyed by registry URL and id (ids are immutable, so one fetch per id for the lif
 once with fastavro, with ``logicalType`` annotations stripped so that fastavro hands over the raw ints and bytes;
 the annotations decide the mapping instead (:mod:`cdcsync.sources.debezium.avro_values`).
 
-* A schema id the registry does not know (HTTP 404) is asked again in the next task, never cached.
+* A schema id the registry does not know (HTTP 404 with Confluent's error code 40403) is asked again in the next
+  task, never cached; the messages written with it are dead letters.
+* An HTTP 404 with any other error code is not about the id: the URL does not serve the Schema Registry API (a
+  wrong path: Apicurio serves it under ``/apis/ccompat/v7``). That is the configuration's fault, so, like a
+  refusal, the task fails and nothing is dead-lettered: otherwise every message would be.
 * The registry being unreachable (connection refused or reset, timeouts, HTTP 408/429/5xx) is retried with
   exponential backoff for ``retry_timeout_s``; then, as when it refuses the credentials (HTTP 401/403), the task
   fails with a ``service_unavailable`` report: an infrastructure fault is never a dead letter, the driver retries
@@ -130,6 +134,21 @@ class Writer:
         return json.dumps(self.original)[:40]
 
 
+NOT_FOUND_CODES = frozenset({40401, 40402, 40403})
+"""Confluent's error codes (Apicurio's Confluent-compatible API gives the same) for a subject, a version or a
+schema id the registry does not have: the only HTTP 404 answers that are about what was asked for."""
+
+WRONG_URL_HINT = (
+    "check CDCSYNC__SCHEMA_REGISTRY__URL: it must be the base URL of a Confluent-compatible Schema Registry API "
+    "(Apicurio Registry serves one under /apis/ccompat/v7)"
+)
+
+
+def is_not_found(error: Any) -> bool:
+    """A registry's answer that it has no such subject, version or id (not a URL that serves no registry)."""
+    return getattr(error, "http_status_code", None) == 404 and getattr(error, "error_code", None) in NOT_FOUND_CODES
+
+
 class NotFound(Exception):
     """The registry answered that it has no such schema id (or refused the request): this task only."""
 
@@ -201,11 +220,19 @@ def _fetch(access: SchemaRegistryAccess, schema_id: int) -> Any:
             return client.get_schema(schema_id)
         except SchemaRegistryError as error:
             status = error.http_status_code
-            if status == 404:
+            if is_not_found(error):
                 raise NotFound(
                     f"writer schema id {schema_id} is not in the schema registry at {access.shown_url} "
                     f"(HTTP 404, error code {error.error_code}): the message was written against another "
                     "registry, or the schema was deleted"
+                ) from None
+            if status == 404:  # not about the id: no registry API at this URL, so no message's fault either
+                raise Unavailable(
+                    access.scrub(
+                        f"the schema registry URL {access.shown_url} does not answer as a schema registry "
+                        f"({WRONG_URL_HINT}): writer schema id {schema_id} gave HTTP 404, error code "
+                        f"{error.error_code}: {error.error_message}"
+                    )[:MAX_REASON]
                 ) from None
             if status in (401, 403):  # a retry will not help; neither is it the message's fault
                 raise Unavailable(
