@@ -98,7 +98,7 @@ def _from_registry(topic: str, settings: Settings) -> SourceSchema | str:
         key = latest(f"{topic}-key") if value is not None else None
     except Exception as error:  # unreachable, refused, a bad answer: all say the same to the user
         hint = f" ({WRONG_URL_HINT})" if getattr(error, "http_status_code", None) == 404 else ""
-        return access.scrub(f"{where} could not be read: {type(error).__name__}: {error}{hint}")[:500]
+        return access.scrub(f"{where} could not be read{hint}: {type(error).__name__}: {error}")[:500]
     if value is None:
         return f"{where} has no subject '{topic}-value' (nothing was published to topic {topic} in Avro yet?)"
     origin = f"subject '{topic}-value' of {where}"

@@ -136,7 +136,6 @@ def test_an_unknown_subject_is_reported(project: Path, topic_name: str) -> None:
     assert code == 2 and f"has no subject '{topic_name}-value'" in err, err
 
 
-
 def test_a_registry_url_without_its_api_path_is_named_not_taken_for_a_missing_subject(
     project: Path, topic_name: str, schema_registry_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,6 +145,7 @@ def test_a_registry_url_without_its_api_path_is_named_not_taken_for_a_missing_su
     code, _, err = invoke("init", str(project))
     assert code == 2 and "could not be read" in err and "CDCSYNC__SCHEMA_REGISTRY__URL" in err, err
     assert "has no subject" not in err
+
 
 def _avro(schema: dict[str, Any]) -> Any:
     from confluent_kafka.schema_registry import Schema
