@@ -389,8 +389,17 @@ def publish_workload(
         key = min(workload.keys)
         nulls = sql.SQL(", ").join(sql.SQL("{} = NULL").format(sql.Identifier(n)) for n in list(COLUMNS)[1:])
         conn.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(TABLE), nulls), (key,))
-        big = random.Random(3).randbytes(6000).hex()
-        conn.execute(sql.SQL("UPDATE {} SET body = %s WHERE id = %s").format(sql.Identifier(TABLE)), (big, key))
+        # every large column stored out of line, then an update that leaves them untouched: each mode's topic then
+        # has a placeholder of each kind whatever the seeded workload did around the connectors' start
+        rng = random.Random(3)
+        big, big_tags = rng.randbytes(6000).hex(), [rng.randbytes(2500).hex(), "x", None]
+        big_ints = [rng.randint(-(2**63), 2**63 - 1) for _ in range(1500)]
+        conn.execute(
+            sql.SQL("UPDATE {} SET body = %s, big_tags = %s, big_ints = %s WHERE id = %s").format(
+                sql.Identifier(TABLE)
+            ),
+            (big, big_tags, big_ints, key),
+        )
         conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
     source.wait_caught_up()
     for mode, (value_format, _) in modes.items():
