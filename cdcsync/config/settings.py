@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -58,6 +58,10 @@ class DevStackSettings(_Section):
 
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = None
+    reader: Literal["auto", "spark"] = "auto"
+    """Who reads a batch's messages: ``auto``, the executors themselves with librdkafka wherever the source's
+    client options allow (:mod:`cdcsync.sources.kafka_fetch`), else Spark's Kafka reader; ``spark``, always
+    Spark's reader. Spark plans every batch and keeps the checkpoint either way."""
     options: dict[str, str] = Field(default_factory=dict)
     """Native consumer keys (``security.protocol``, ``sasl.mechanism`` ...), passed to the Kafka client verbatim.
     Environment variables cannot hold dots, so ``CDCSYNC__KAFKA__OPTIONS__SECURITY_PROTOCOL`` arrives as

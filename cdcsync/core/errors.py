@@ -90,6 +90,30 @@ class ServiceError(CdcsyncError):
     """A service (Kafka, Postgres, the dev stack) failed or could not be reached."""
 
 
+class BrokerUnavailable(ServiceError):
+    """A Kafka reader (Spark's, or the executors' own) could not reach the brokers: retriable, nothing dead-lettered
+    (:mod:`cdcsync.sources.kafka`)."""
+
+    def __init__(self, detail: str, bootstrap: str | None = None) -> None:
+        self.detail = detail
+        where = f" at {bootstrap}" if bootstrap else ""
+        super().__init__(
+            f"the Kafka broker{where} did not answer: {detail}",
+            hint=(
+                "check that the brokers in CDCSYNC__KAFKA__BOOTSTRAP_SERVERS are up and reachable from this host, then "
+                "run again: the batch was not committed, nothing was merged or dead-lettered, and the next run "
+                "replays it. A longer outage can be ridden out with a larger CDCSYNC__RETRY__BUDGET_S"
+            ),
+            retriable=True,
+        )
+
+    def naming(self, bootstrap: str) -> BrokerUnavailable:
+        """The same failure, naming the brokers it could not reach."""
+        named = BrokerUnavailable(self.detail, bootstrap)
+        named.context = list(self.context)
+        return named
+
+
 class SinkError(CdcsyncError):
     """Writing to a target failed."""
 

@@ -28,6 +28,7 @@ from enum import Enum
 from typing import Any
 
 from cdcsync.core.errors import (
+    BrokerUnavailable,
     CdcsyncError,
     NewTopicError,
     SchemaChangeError,
@@ -60,8 +61,16 @@ class Kind(str, Enum):
     SERVICE_UNAVAILABLE = "service_unavailable"
     """fields: message. A service the decoder needs (the schema registry) was down, refused the credentials or
     answered 5xx past its retry budget: an infrastructure fault, never a dead letter; the batch is replayed."""
+    BROKER_UNAVAILABLE = "broker_unavailable"
+    """fields: detail. The executors' own Kafka read (:mod:`cdcsync.sources.kafka_fetch`) got nothing from the
+    broker in time: retried as the broker's outage, like a failure of Spark's reader."""
+    OFFSETS_LOST = "offsets_lost"
+    """fields: message. Offsets a batch reads are no longer in Kafka (retention deleted them before they were
+    read): the run stops, as Spark's reader does under its default ``failOnDataLoss``."""
 
 
+_MESSAGE_KINDS = (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE, Kind.REFUSED, Kind.SOURCE_WENT_BACK, Kind.OFFSETS_LOST)
+"""Kinds whose description is their ``message`` field."""
 _TOKEN_PREFIX = "[cdcsync-report:"
 _TOKEN_RE = re.compile(re.escape(_TOKEN_PREFIX) + r"([A-Za-z0-9_=-]+)\]")
 _ORDER = {kind: rank for rank, kind in enumerate(Kind)}
@@ -104,7 +113,7 @@ class Report:
             if "topic" in f:
                 return f"message at {f['topic']}/{f['partition']}@{f['offset']} could not be decoded: {f['reason']}"
             return str(f["reason"])
-        if self.kind in (Kind.WRITE_FAILED, Kind.SERVICE_UNAVAILABLE, Kind.REFUSED, Kind.SOURCE_WENT_BACK):
+        if self.kind in _MESSAGE_KINDS:
             return str(f["message"])
         if self.kind is Kind.SCHEMA_CHANGE and "topic" not in f:
             changes = [f"new field {name!r}" for name in f["added"]]
@@ -147,6 +156,18 @@ class Report:
             )
         if self.kind is Kind.SOURCE_WENT_BACK:
             return SourceWentBack(str(f["message"]), hint=str(f["hint"]))  # names the sink and the batch's reads
+        if self.kind is Kind.BROKER_UNAVAILABLE:
+            return BrokerUnavailable(str(f["detail"]))  # the batch's attempt names the brokers
+        if self.kind is Kind.OFFSETS_LOST:
+            return ServiceError(
+                f"Kafka no longer has offsets this batch reads: {f['message']}",
+                hint=(
+                    "retention deleted them before cdcsync read them, so those changes cannot be mirrored from Kafka. "
+                    "Nothing of the batch was merged. Re-snapshot the table (a Debezium incremental snapshot), or "
+                    "start the source again from the offsets Kafka still has (docs/operations.md#rewind)"
+                ),
+                retriable=False,
+            )
         message = f"{doing}: {f['message']}" if doing else str(f["message"])
         if self.kind is Kind.REFUSED:
             return TargetRefused(
@@ -193,6 +214,14 @@ def refused(message: str) -> Report:
 
 def service_unavailable(message: str) -> Report:
     return Report(Kind.SERVICE_UNAVAILABLE, {"message": message})
+
+
+def broker_unavailable(detail: str) -> Report:
+    return Report(Kind.BROKER_UNAVAILABLE, {"detail": detail})
+
+
+def offsets_lost(message: str) -> Report:
+    return Report(Kind.OFFSETS_LOST, {"message": message})
 
 
 def source_went_back(message: str, hint: str) -> Report:

@@ -33,7 +33,8 @@ from cdcsync.sinks.kafka import KafkaTableSink
 from cdcsync.sinks.plugins import PluginTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sinks.webhook import WebhookTableSink
-from cdcsync.sources.kafka import DecodeTask, TopicDecoders, broker_failure, decoder_input
+from cdcsync.sources.kafka import DecodeTask, TopicDecoders, broker_failure
+from cdcsync.sources.kafka_fetch import KafkaBatch
 from cdcsync.transforms.plugins import with_chain
 
 if TYPE_CHECKING:
@@ -192,11 +193,19 @@ def raise_reported(reports: list[str], doing: str, pipeline_file: str) -> None:
 
 
 def stage(
-    rows: DataFrame, task: StageTask | RoutedStageTask | StageRowsTask, batch_id: int, pipeline_file: str
+    rows: DataFrame | KafkaBatch,
+    task: StageTask | RoutedStageTask | StageRowsTask,
+    batch_id: int,
+    pipeline_file: str,
+    wrappers: tuple[bytes, ...] = (),
 ) -> list[int]:
-    """Run one staging pass over ``rows``; rows staged per writer of ``task``, in order."""
+    """Run one staging pass over ``rows`` (decoded changes, or a batch's Kafka messages cut with ``wrappers``);
+    rows staged per writer of ``task``, in order."""
     try:
-        counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
+        if isinstance(rows, KafkaBatch):
+            counts = rows.map_in_arrow(task, _COUNTS_SCHEMA, wrappers).collect()
+        else:
+            counts = rows.mapInArrow(task, _COUNTS_SCHEMA).collect()
     except Exception as error:  # Spark wraps executor failures; see executor_error
         raise job_error(error, f"staging batch {batch_id}", pipeline_file) from None
     raise_reported([row["report"] for row in counts if row["report"]], f"staging batch {batch_id}", pipeline_file)
@@ -266,7 +275,7 @@ def merge_all(
 
 
 def land_batch(
-    raw: DataFrame,
+    messages: KafkaBatch,
     batch_id: int,
     checkpoint_id: str,
     decode: DecodeTask | TopicDecoders,
@@ -274,7 +283,7 @@ def land_batch(
     pipeline_file: str = "PIPELINE.yaml",
     offsets: OffsetRanges | None = None,
 ) -> dict[str, SinkOutcome]:
-    """Land one micro-batch of Kafka rows (Spark's Kafka source columns) in every sink; see the module doc.
+    """Land one micro-batch of Kafka messages in every sink; see the module doc.
 
     ``TopicDecoders``: the rows of a ``topic_pattern`` source, each topic landing in its own table's sinks.
     ``offsets``: the ranges the batch reads, from the checkpoint, recorded with each ledger row."""
@@ -290,7 +299,7 @@ def land_batch(
         task = RoutedStageTask(decoders=decode, writers=writers, topics=topics)
     else:
         task = StageTask(decode=decode, writers=writers)
-    staged = dict(zip(written, stage(decoder_input(raw, decode.wrappers), task, batch_id, pipeline_file), strict=True))
+    staged = dict(zip(written, stage(messages, task, batch_id, pipeline_file, decode.wrappers), strict=True))
     staged_at = time.monotonic()
     outcome.update(merge_all(written, keys, staged))
     log.info(

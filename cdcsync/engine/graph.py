@@ -56,7 +56,8 @@ from cdcsync.sinks.kafka import KafkaTableSink
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.debezium.dispatch import output_spark_schema
 from cdcsync.sources.debezium.spec import output_arrow_schema
-from cdcsync.sources.kafka import DecodeTask, decoder_input
+from cdcsync.sources.kafka import DecodeTask
+from cdcsync.sources.kafka_fetch import KafkaBatch
 from cdcsync.transforms.dynamic_tables import DynamicTable
 
 if TYPE_CHECKING:
@@ -166,13 +167,13 @@ class DecodeInPassTask:
         self.ends.add(((partition, None),))
 
 
-def _decoded_rows(raw: DataFrame, decode: DecodeTask) -> DataFrame:
+def _decoded_rows(messages: KafkaBatch, decode: DecodeTask) -> DataFrame:
     """The batch's changes, decoded lazily, a decode failure as a row of its own (:class:`DecodeRowsTask`)."""
     import pyarrow as pa
 
     schema = output_arrow_schema(decode.spec, dead_letters=False).append(pa.field(_FAILURE, pa.string()))
     ddl = f"{output_spark_schema(decode.spec, dead_letters=False)}, {_FAILURE} string"
-    return decoder_input(raw, decode.wrappers).mapInArrow(DecodeRowsTask(decode, schema), ddl)
+    return messages.map_in_arrow(DecodeRowsTask(decode, schema), ddl, decode.wrappers)
 
 
 def _check_decoded(decoded: DataFrame, batch_id: int, pipeline_file: str) -> None:
@@ -200,11 +201,11 @@ class _Cached:
         self.cached.unpersist()
 
 
-def _decode(raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _Cached:
+def _decode(messages: KafkaBatch, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _Cached:
     """The batch's changes, decoded once and cached; the caller releases them."""
     from pyspark import StorageLevel
 
-    decoded = _decoded_rows(raw, decode).persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    decoded = _decoded_rows(messages, decode).persist(StorageLevel.MEMORY_AND_DISK_DESER)
     try:
         _check_decoded(decoded, batch_id, pipeline_file)  # also fills the cache that the later steps read
     except BaseException:
@@ -223,7 +224,7 @@ class _DecodedInPass:
     change, so the pass reads every partition to its end; should a plan ever skip one, the check decodes the
     batch again on its own (dead letters are written idempotently) rather than merge what it cannot vouch for."""
 
-    raw: DataFrame
+    messages: KafkaBatch
     decode: DecodeTask
     batch_id: int
     pipeline_file: str
@@ -231,13 +232,13 @@ class _DecodedInPass:
     ends: Accumulator[_Ends]
 
     @classmethod
-    def of(cls, raw: DataFrame, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _DecodedInPass:
+    def of(cls, messages: KafkaBatch, decode: DecodeTask, batch_id: int, pipeline_file: str) -> _DecodedInPass:
         nothing: _Ends = ()
-        ends = raw.sparkSession.sparkContext.accumulator(nothing, PartitionEnds())  # type: ignore[arg-type]
-        changes = decoder_input(raw, decode.wrappers).mapInArrow(
-            DecodeInPassTask(decode, ends), output_spark_schema(decode.spec, dead_letters=False)
+        ends = messages.raw.sparkSession.sparkContext.accumulator(nothing, PartitionEnds())  # type: ignore[arg-type]
+        changes = messages.map_in_arrow(
+            DecodeInPassTask(decode, ends), output_spark_schema(decode.spec, dead_letters=False), decode.wrappers
         )
-        return cls(raw, decode, batch_id, pipeline_file, changes, ends)
+        return cls(messages, decode, batch_id, pipeline_file, changes, ends)
 
     def check(self, *, staging_failed: bool = False) -> None:
         """Raise what a decoding task reported. After a failed staging pass only that: its error follows."""
@@ -246,10 +247,10 @@ class _DecodedInPass:
         raise_reported([report for _, report in ends if report is not None], doing, self.pipeline_file)
         if staging_failed:
             return
-        missing = set(range(self.raw.rdd.getNumPartitions())) - {partition for partition, _ in ends}
+        missing = set(range(self.messages.num_partitions())) - {partition for partition, _ in ends}
         if missing:
             log.info("batch %d: %d partition(s) not decoded to their end; decoding again", self.batch_id, len(missing))
-            _check_decoded(_decoded_rows(self.raw, self.decode), self.batch_id, self.pipeline_file)
+            _check_decoded(_decoded_rows(self.messages, self.decode), self.batch_id, self.pipeline_file)
 
     def release(self) -> None:
         """Nothing cached."""
@@ -306,7 +307,7 @@ def by_source_partition(rows: DataFrame) -> DataFrame:
 
 
 def land_graph_batch(
-    raw: DataFrame,
+    messages: KafkaBatch,
     batch_id: int,
     checkpoint_id: str,
     decode: DecodeTask,
@@ -319,8 +320,8 @@ def land_graph_batch(
 
     def decoded(pending: dict[str, BatchSink]) -> _Cached | _DecodedInPass:
         if _one_pass(graph, pending):
-            return _DecodedInPass.of(raw, decode, batch_id, pipeline_file)
-        return _decode(raw, decode, batch_id, pipeline_file)
+            return _DecodedInPass.of(messages, decode, batch_id, pipeline_file)
+        return _decode(messages, decode, batch_id, pipeline_file)
 
     return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets)
 

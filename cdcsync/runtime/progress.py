@@ -87,7 +87,8 @@ def record_progress(stats: SourceStats, events: Iterable[dict[str, Any]]) -> Non
         stats.progress_seen.add(batch_id)
         log.debug("batch %d: Spark's durations (ms): %s", batch_id, json.dumps(progress.get("durationMs") or {}))
         stats.rows_in += int(progress.get("numInputRows") or 0)
-        stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
+        if progress.get("numInputRows"):  # none when the tasks read the batch (sources.kafka_fetch)
+            stats.rows_per_second = float(progress.get("processedRowsPerSecond") or 0.0)
 
 
 def _ran_a_batch(progress: dict[str, Any]) -> bool:

@@ -50,6 +50,7 @@ from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, sourc
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.kafka import DecodeTask
+from cdcsync.sources.kafka_fetch import KafkaBatch
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -179,7 +180,7 @@ def _land(
     lock: PipelineLock,
 ) -> None:
     # One task reads them all, in Kafka order: each key's changes meet in one task, as in a streamed batch.
-    raw = spark.createDataFrame(kafka_rows(letters)).coalesce(1)
+    raw = KafkaBatch(spark.createDataFrame(kafka_rows(letters)).coalesce(1))
     batch_id = replay_batch_id([x.id for x in letters])
     checkpoint_id = f"{CHECKPOINT_PREFIX}{source_id}"
     decode = source_decoder(pipeline, source_id, specs, writer=None)  # they decoded on the driver: none fails now

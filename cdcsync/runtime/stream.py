@@ -74,11 +74,14 @@ from cdcsync.sources.kafka import (
     source_brokers,
     spark_kafka_options,
 )
+from cdcsync.sources.kafka_fetch import KafkaBatch, source_fetch
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+    from cdcsync.db.ledger import OffsetRanges
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,8 @@ class BatchHandler:
         """The source's transforms and dynamic tables; None when its sinks read the source directly."""
         self.dead_letter_writer = DeadLetterWriter(dsn=dsn, pipeline=pipeline.name, source_id=source_id)
         self.wrappers = KnownWrappers()
+        self.fetch = source_fetch(pipeline.name, source, settings)
+        """How the tasks read the batches themselves; None when Spark's Kafka reader does."""
         self.spark_context = spark_context
         self._init_run_state()
 
@@ -184,19 +189,19 @@ class BatchHandler:
         writer = None if self.source.on_decode_error == "fail" else self.dead_letter_writer
         return source_decoder(self.pipeline, self.source_id, self.specs, writer, dead_letters, wrappers, met)
 
-    def _land(self, raw: DataFrame, batch_id: int, decode: DecodeTask | TopicDecoders) -> dict[str, SinkOutcome]:
+    def _land(
+        self, messages: KafkaBatch, batch_id: int, decode: DecodeTask | TopicDecoders, offsets: OffsetRanges | None
+    ) -> dict[str, SinkOutcome]:
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
-        # What the batch reads, as Spark planned it (written before the batch runs): the ledger rows record it.
-        offsets = batch_offsets(self.checkpoint_dir, batch_id)
         if self.graph is None:
             land = functools.partial(
-                land_batch, raw, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets
+                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets
             )
         else:
             assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
             land = functools.partial(
                 land_graph_batch,
-                raw,
+                messages,
                 batch_id,
                 self.checkpoint_id,
                 decode,
@@ -338,14 +343,22 @@ class BatchHandler:
         met: Accumulator[set[bytes]] | None = None
         if cut:
             met = self.spark_context.accumulator(set(), WrapperSet())  # type: ignore[arg-type]
+        # What the batch reads, as Spark planned it (written before the batch runs): the ledger rows record it,
+        # and the tasks read it themselves unless Spark's reader does (sources.kafka_fetch).
+        offsets = batch_offsets(self.checkpoint_dir, batch_id)
+        messages = KafkaBatch.of(raw, self.fetch, offsets)
         # The peek reads the checkpoint's ranges for this batch: only while it can still learn something.
-        peek = self._peek_frame(raw, batch_id) if cut and self.wrappers.wants_peek else None
-        wrappers = self.wrappers.for_batch(peek) if cut else ()
+        if cut and self.wrappers.wants_peek:
+            if messages.fetch is not None:
+                self.wrappers.peeked_at(messages.first_wrappers())
+            else:
+                self.wrappers.for_batch(self._peek_frame(raw, batch_id))
+        wrappers = self.wrappers.wrappers if cut else ()
         decode = self._decoder(dead_letters, wrappers, met)
         evolutions = 0
         while True:
             try:
-                outcome = self._land(raw, batch_id, decode)
+                outcome = self._land(messages, batch_id, decode, offsets)
                 break
             except (SchemaChangeError, NewTopicError) as change:
                 evolutions += 1
@@ -356,10 +369,14 @@ class BatchHandler:
                 self._evolve(change, batch_id)
                 decode = self._decoder(dead_letters, wrappers, met)
         self.stats.dead_letters += int(dead_letters.value)
+        self.stats.rows_in += messages.messages  # Spark's progress counts none of what the tasks read
         if met is not None:
             self.wrappers.learn(met.value)
         self.record(outcome, batch_id)
-        self.stats.durations.observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.stats.durations.observe(took)
+        if messages.fetch is not None:
+            self.stats.rows_per_second = messages.messages / max(took, 1e-3)
 
 
 class PipelineRunner:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcsync.config.pipeline import KafkaSource
 from cdcsync.config.settings import Settings
-from cdcsync.core.errors import ServiceError
+from cdcsync.core.errors import BrokerUnavailable, ServiceError
 from cdcsync.core.reports import Kind, Report, ReportedFailure, first_to_raise, new_topic
 from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.sources.debezium.dispatch import decode_batches
@@ -59,29 +59,6 @@ _FETCH_TIMEOUT = "java.util.concurrent.TimeoutException"
 _SPARK_KAFKA_PACKAGE = "org.apache.spark.sql.kafka010."
 """Spark's Kafka reader throws :data:`_FETCH_TIMEOUT` itself when a poll brought nothing before its timeout."""
 _MAX_CAUSES = 32
-
-
-class BrokerUnavailable(ServiceError):
-    """Spark's Kafka reader could not reach the brokers (see the module doc): retriable, nothing dead-lettered."""
-
-    def __init__(self, detail: str, bootstrap: str | None = None) -> None:
-        self.detail = detail
-        where = f" at {bootstrap}" if bootstrap else ""
-        super().__init__(
-            f"the Kafka broker{where} did not answer: {detail}",
-            hint=(
-                "check that the brokers in CDCSYNC__KAFKA__BOOTSTRAP_SERVERS are up and reachable from this host, then "
-                "run again: the batch was not committed, nothing was merged or dead-lettered, and the next run "
-                "replays it. A longer outage can be ridden out with a larger CDCSYNC__RETRY__BUDGET_S"
-            ),
-            retriable=True,
-        )
-
-    def naming(self, bootstrap: str) -> BrokerUnavailable:
-        """The same failure, naming the brokers it could not reach."""
-        named = BrokerUnavailable(self.detail, bootstrap)
-        named.context = list(self.context)
-        return named
 
 
 def broker_failure(error: object) -> BrokerUnavailable | None:
@@ -206,10 +183,13 @@ class KnownWrappers:
     def for_batch(self, raw: DataFrame | None) -> tuple[bytes, ...]:
         """The wrappers to cut off this batch's messages; ``raw``: its messages to peek at (None: no peek)."""
         if raw is not None and self.wants_peek:
-            found = first_wrappers(raw)
-            self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
-            self.learn(found or [])
+            self.peeked_at(first_wrappers(raw))
         return self.wrappers
+
+    def peeked_at(self, found: list[bytes] | None) -> None:
+        """What a peek at a batch's first message found (None: no message, or the read failed)."""
+        self.peeked = found is not None  # a batch of tombstones (or a failed read) tells nothing
+        self.learn(found or [])
 
     def learn(self, seen: Iterable[bytes]) -> None:
         new = tuple(sorted(wrapper for wrapper in set(seen) if wrapper not in self.wrappers))
@@ -249,9 +229,12 @@ def first_wrappers(raw: DataFrame) -> list[bytes] | None:
     except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
         log.debug("reading the first message for its schema wrapper failed: %s", error)
         return None
-    if not rows:
-        return None
-    found = [wrapper_prefix(bytes(part)) for part in rows[0] if part is not None]
+    return message_wrappers(rows[0]) if rows else None
+
+
+def message_wrappers(message: Iterable[bytes | bytearray | None]) -> list[bytes]:
+    """The schema wrappers of a message's value and key (those that have one)."""
+    found = [wrapper_prefix(bytes(part)) for part in message if part is not None]
     return [wrapper for wrapper in found if wrapper is not None]
 
 

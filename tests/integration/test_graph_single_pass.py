@@ -27,6 +27,7 @@ from cdcsync.migrations import POSTGRES
 from cdcsync.runtime.stream import build_graph, decode_specs
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DecodeTask
+from cdcsync.sources.kafka_fetch import KafkaBatch
 from tests.e2e.conftest import ledger_batches, mirror_rows
 from tests.integration.test_wrapper_cut import kafka_rows
 
@@ -88,7 +89,7 @@ def test_a_decode_failure_stops_the_single_pass_batch_before_anything_merges(
     assert raw.rdd.getNumPartitions() > 1
 
     with pytest.raises(CdcsyncError) as failed:
-        land_graph_batch(raw, 0, CHECKPOINT, decode, graph, sinks, "onepass.yaml")
+        land_graph_batch(KafkaBatch(raw), 0, CHECKPOINT, decode, graph, sinks, "onepass.yaml")
     assert str(failed.value).startswith("message at shop.public.orders/")  # the decoder's report, as before
     assert "could not be decoded: value is not JSON" in str(failed.value)
     assert _staged(postgres_dsn, pipeline) > 0, "the pass staged before the check stopped it"
@@ -97,7 +98,7 @@ def test_a_decode_failure_stops_the_single_pass_batch_before_anything_merges(
     assert mirror_rows(postgres_dsn, "app", "big_audit", COLUMNS) == {}
 
     fixed, _ = kafka_rows(spark, good)
-    outcome = land_graph_batch(fixed, 0, CHECKPOINT, decode, graph, sinks, "onepass.yaml")
+    outcome = land_graph_batch(KafkaBatch(fixed), 0, CHECKPOINT, decode, graph, sinks, "onepass.yaml")
     assert not any(o.skipped for o in outcome.values())
     expected = {k: row for k, row in load.expected.items() if row["amount"] is not None and row["amount"] > 100}
     assert 0 < len(expected) < len(load.expected)
@@ -112,7 +113,7 @@ def test_partitions_the_pass_did_not_decode_are_decoded_again(spark: Any, postgr
     _, _, _, decode = _setup(postgres_dsn, tmp_path)
     events = [(e.key, e.value) for e in workload.generate(100, 30, seed=4).events]
     bad = [(e.key, e.value) for e in workload.malformed_events()[1:2]]
-    unread = graph_module._DecodedInPass.of(kafka_rows(spark, events + bad)[0], decode, 7, "onepass.yaml")
+    unread = graph_module._DecodedInPass.of(KafkaBatch(kafka_rows(spark, events + bad)[0]), decode, 7, "onepass.yaml")
     with pytest.raises(CdcsyncError, match="could not be decoded"):
         unread.check()  # no pass ran: no partition reported its end
-    graph_module._DecodedInPass.of(kafka_rows(spark, events)[0], decode, 8, "onepass.yaml").check()
+    graph_module._DecodedInPass.of(KafkaBatch(kafka_rows(spark, events)[0]), decode, 8, "onepass.yaml").check()

@@ -1,0 +1,355 @@
+"""The executors read their micro-batch's Kafka messages themselves, with librdkafka (confluent-kafka).
+
+Why: through Spark's Kafka reader every message becomes a JVM record, then a Spark row, then Arrow, then a socket
+write to the Python worker that decodes it; on this project's benchmark machine that path was the largest single
+cost of a batch (docs/benchmarks.md, "the executors' own Kafka fetch"), and a third of it in a new session was the
+JIT compiling it. librdkafka fetches into C buffers on its own threads, and the task builds the Arrow batch the
+decoder reads straight from them, so the messages never enter the JVM.
+
+What stays with Spark: its Kafka source still *plans* every batch (latest offsets, ``maxOffsetsPerTrigger``,
+``Trigger.AvailableNow``) and keeps the checkpoint, and the driver still commits each batch through it; only the
+read moves. The batch's own DataFrame is never run. Instead the driver takes the batch's offset ranges from the
+checkpoint (``offsets/N``, written before the batch runs; the previous entry, or ``sources/0/0`` for the first
+batch, is where it starts: :func:`~cdcsync.runtime.checkpoint.batch_offsets`) and runs one task per partition
+range (:class:`KafkaBatch`). Each task reads exactly the offsets ``[start, end)`` of its partition: what Spark's
+reader would have read, so the ledger's offset ranges, the replays and every exactness argument
+(docs/exactly-once.md) are unchanged. Offsets that hold no message (a transaction's commit marker, a compacted
+topic's gaps) are skipped by librdkafka's position, as by the Java consumer's.
+
+When the read stays with Spark (:func:`kafka_fetch` says why, once, at INFO): ``kafka.reader: spark`` in the
+settings (``CDCSYNC__KAFKA__READER``); a client option librdkafka does not know (Java-only ones such as
+``sasl.jaas.config``: librdkafka refuses them when the consumer is made); a Spark reader option that changes what is
+read (``failOnDataLoss``, ``minPartitions`` ...); or a checkpoint entry the driver cannot read.
+
+Faults: a broker that does not deliver the range within ``kafkaConsumer.pollTimeoutMs`` (Spark's option and default,
+120 s) fails the batch as the broker's outage (retriable, nothing merged or dead-lettered), like Spark's reader;
+offsets the broker no longer has (retention deleted them first) stop the run, as Spark's ``failOnDataLoss``
+does by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from cdcsync.core.reports import ReportedFailure, broker_unavailable, offsets_lost
+from cdcsync.sources.debezium.envelope import NEW_KEY_COLUMN, NEW_KEY_HEADER
+from cdcsync.sources.debezium.wrappers import KEY_WRAPPER_COLUMN, WRAPPER_COLUMN
+from cdcsync.sources.kafka import decoder_input, message_wrappers, spark_kafka_options
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from cdcsync.config.pipeline import KafkaSource
+    from cdcsync.config.settings import Settings
+    from cdcsync.db.ledger import OffsetRanges
+
+log = logging.getLogger(__name__)
+
+ArrowTask = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
+
+SPARK_READER_OPTIONS = frozenset(
+    {
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "startingOffsets",
+        "startingOffsetsByTimestamp",
+        "startingTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "includeHeaders",
+        "groupIdPrefix",
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "fetchOffset.numRetries",
+        "fetchOffset.retryIntervalMs",
+        "kafkaConsumer.pollTimeoutMs",
+    }
+)
+"""Spark reader options that only plan batches (the driver's side, still Spark's) or that this reader honours."""
+MESSAGES_PER_BATCH = 20_000
+"""Messages per Arrow batch handed to the decoder (Spark's ``arrow.maxRecordsPerBatch`` as cdcsync sets it)."""
+DEFAULT_POLL_TIMEOUT_S = 120.0
+"""Spark's default for ``kafkaConsumer.pollTimeoutMs`` (``spark.network.timeout``)."""
+_WAIT_S = 0.1
+"""How long one ``consume`` waits for the rest of a chunk: short, since a range may end in offsets that hold no
+message (a commit marker), which are only seen as the consumer's position moving past them."""
+_EARLIEST = -2
+"""librdkafka's logical offset for a partition's first offset (a partition the checkpoint has no start for)."""
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """The offsets ``[start, end)`` of one partition that a batch reads (``start`` may be :data:`_EARLIEST`)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def describe(self) -> str:
+        start = "its first offset" if self.start < 0 else str(self.start)
+        return f"topic {self.topic} partition {self.partition}, offsets {start} to {self.end}"
+
+
+def planned_ranges(ranges: OffsetRanges) -> tuple[PartitionRange, ...]:
+    """The non-empty partition ranges of a batch's offsets as the checkpoint records them (a partition without a
+    start is new since the last batch: Spark reads it from its first offset, and so does this reader)."""
+    parts = [
+        PartitionRange(topic, int(partition), _EARLIEST if start is None else int(start), int(end))
+        for topic, partitions in sorted(ranges.items())
+        for partition, (start, end) in sorted(partitions.items(), key=lambda item: int(item[0]))
+        if end is not None and (start is None or int(start) < int(end))
+    ]
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class KafkaFetch:
+    """How a task reads its partition range (picklable): the librdkafka configuration, the poll timeout, whether
+    the decoder wants the ``__debezium.newkey`` header, and the schema wrappers to cut off (as
+    :func:`~cdcsync.sources.kafka.decoder_input` cuts them on the JVM, byte for byte the same rule)."""
+
+    config: tuple[tuple[str, str], ...]
+    poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_S
+    headers: bool = True
+    wrappers: tuple[bytes, ...] = ()
+
+    def cutting(self, wrappers: tuple[bytes, ...]) -> KafkaFetch:
+        return self if wrappers == self.wrappers else replace(self, wrappers=wrappers)
+
+    def consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer(dict(self.config))
+
+    def read(self, part: PartitionRange) -> Iterator[pa.RecordBatch]:
+        """The messages of ``part`` in offset order, as Arrow batches shaped like :func:`decoder_input`'s rows."""
+        consumer = self.consumer()
+        try:
+            yield from self._read(consumer, part)
+        finally:
+            consumer.close()
+
+    def read_all(self, parts: Iterable[PartitionRange]) -> Iterator[pa.RecordBatch]:
+        for part in parts:
+            yield from self.read(part)
+
+    def _read(self, consumer: Any, part: PartitionRange) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import TopicPartition
+
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        position = part.start
+        deadline = time.monotonic() + self.poll_timeout_s
+        last_error = ""
+        while position < part.end:
+            before = position
+            wanted = MESSAGES_PER_BATCH if position < 0 else min(MESSAGES_PER_BATCH, part.end - position)
+            messages = consumer.consume(wanted, timeout=_WAIT_S)
+            taken = []
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    last_error = self._check(error, part)
+                    continue
+                if message.offset() >= part.end:
+                    break
+                taken.append(message)
+            if taken:
+                yield self._batch(taken)
+                position = taken[-1].offset() + 1
+            moved = consumer.position([TopicPartition(part.topic, part.partition)])[0].offset
+            if moved > position:  # past offsets that hold no message
+                position = moved
+            if position > before:
+                deadline = time.monotonic() + self.poll_timeout_s
+            elif time.monotonic() > deadline:
+                detail = f"no message of {part.describe()} arrived within {self.poll_timeout_s:g}s"
+                raise ReportedFailure(broker_unavailable(f"{detail}{f' ({last_error})' if last_error else ''}"))
+
+    @staticmethod
+    def _check(error: Any, part: PartitionRange) -> str:
+        """Stop at offsets the broker no longer has; any other error is the broker's, and waited out."""
+        from confluent_kafka import KafkaError
+
+        if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+            raise ReportedFailure(offsets_lost(f"{part.describe()}: {error.str()}"))
+        if error.fatal():
+            raise ReportedFailure(broker_unavailable(f"{part.describe()}: {error.str()}"))
+        return str(error.str())
+
+    def _batch(self, messages: list[Any]) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        new_keys: list[bytes | None] = []
+        for message in messages:
+            keys.append(message.key())
+            values.append(message.value())
+            offsets.append(message.offset())
+            stamps.append(message.timestamp()[1] * 1000)
+            if self.headers:
+                new_keys.append(_new_key(message.headers()))
+        count = len(messages)
+        first = messages[0]
+        columns: dict[str, pa.Array] = {}
+        key_cut = _cut(keys, self.wrappers)
+        value_cut = _cut(values, self.wrappers)
+        columns["key"] = pa.array(keys, pa.binary())
+        columns["value"] = pa.array(values, pa.binary())
+        columns["topic"] = pa.repeat(pa.scalar(first.topic(), pa.string()), count)
+        columns["partition"] = pa.repeat(pa.scalar(first.partition(), pa.int32()), count)
+        columns["offset"] = pa.array(offsets, pa.int64())
+        columns["timestamp"] = pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        if self.headers:
+            columns[NEW_KEY_COLUMN] = pa.array(new_keys, pa.binary())
+        if self.wrappers:
+            columns[WRAPPER_COLUMN] = pa.array(value_cut, pa.int32())
+            columns[KEY_WRAPPER_COLUMN] = pa.array(key_cut, pa.int32())
+        return pa.RecordBatch.from_pydict(columns)
+
+
+def _new_key(headers: list[tuple[str, bytes]] | None) -> bytes | None:
+    """The first ``__debezium.newkey`` header's value, as Spark's ``filter(headers, …)[0].value`` picks it."""
+    if headers:
+        for name, value in headers:
+            if name == NEW_KEY_HEADER:
+                return value
+    return None
+
+
+def _cut(messages: list[bytes | None], wrappers: tuple[bytes, ...]) -> list[int | None]:
+    """Cut the first matching wrapper off each message in place: a message that starts with it and ends with
+    ``}`` keeps its payload alone; the wrapper's index per message (None: left whole)."""
+    if not wrappers:
+        return []
+    found: list[int | None] = []
+    for at, message in enumerate(messages):
+        index = None
+        if message is not None and message.endswith(b"}"):
+            for number, wrapper in enumerate(wrappers):
+                if message.startswith(wrapper):
+                    messages[at] = message[len(wrapper) : -1]
+                    index = number
+                    break
+        found.append(index)
+    return found
+
+
+@dataclass(frozen=True)
+class FetchingTask:
+    """Executor side (picklable): read the partition ranges of this task's ids, then run ``task`` over them."""
+
+    fetch: KafkaFetch
+    parts: tuple[PartitionRange, ...]
+    task: ArrowTask
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ids = [int(part_id) for batch in batches for part_id in batch.column(0).to_pylist()]
+        yield from self.task(self.fetch.read_all(self.parts[part_id] for part_id in ids))
+
+
+@dataclass(frozen=True)
+class KafkaBatch:
+    """A micro-batch's Kafka messages as the decoding tasks read them: through Spark's reader (the batch's own
+    DataFrame), or, with ``fetch``, by the tasks themselves from the batch's partition ranges (see the module
+    doc). Either way a task's ``mapInArrow`` function sees the same Arrow batches."""
+
+    raw: DataFrame
+    fetch: KafkaFetch | None = None
+    parts: tuple[PartitionRange, ...] = ()
+
+    @classmethod
+    def of(cls, raw: DataFrame, fetch: KafkaFetch | None, ranges: OffsetRanges | None) -> KafkaBatch:
+        """The batch read by the tasks when there is a ``fetch`` and the checkpoint gave its ``ranges``."""
+        if fetch is None or ranges is None:
+            return cls(raw)
+        return cls(raw, fetch, planned_ranges(ranges))
+
+    def map_in_arrow(self, task: ArrowTask, schema: Any, wrappers: tuple[bytes, ...]) -> DataFrame:
+        """``task`` over the batch's messages (cut with ``wrappers``), one Spark task per partition range."""
+        if self.fetch is None:
+            return decoder_input(self.raw, wrappers).mapInArrow(task, schema)
+        ids = self.raw.sparkSession.range(0, len(self.parts), 1, max(1, len(self.parts)))
+        return ids.mapInArrow(FetchingTask(self.fetch.cutting(wrappers), self.parts, task), schema)
+
+    def num_partitions(self) -> int:
+        return max(1, len(self.parts)) if self.fetch is not None else int(self.raw.rdd.getNumPartitions())
+
+    @property
+    def messages(self) -> int:
+        """Offsets the batch spans (its messages, less any commit markers or compacted gaps): the run's
+        ``changes_in`` when the tasks read, since Spark's progress then counts no rows."""
+        return sum(part.end - part.start for part in self.parts if part.start >= 0)
+
+    def first_wrappers(self) -> list[bytes] | None:
+        """The wrappers of the batch's first message with a value, and of its key, read on the driver by the
+        tasks' own read (:class:`~cdcsync.sources.kafka.KnownWrappers`); None when the first chunk of its ranges
+        holds no such message or the read failed (the tasks' read reports what is wrong)."""
+        assert self.fetch is not None, "Spark's reader peeks with a job of its own (sources.kafka.batch_read)"
+        whole = replace(self.fetch, wrappers=(), poll_timeout_s=min(self.fetch.poll_timeout_s, 10.0))
+        try:
+            for part in self.parts:
+                for batch in whole.read(part):
+                    for message in batch.select(["value", "key"]).to_pylist():
+                        if message["value"] is not None:
+                            return message_wrappers(message.values())
+                    break
+        except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
+            log.debug("reading the first message for its schema wrapper failed: %s", error)
+        return None
+
+
+def source_fetch(pipeline_name: str, source: KafkaSource, settings: Settings | None) -> KafkaFetch | None:
+    """How the executors read ``source``'s batches themselves; None when Spark's reader reads them (said once)."""
+    if settings is None:
+        return None
+    fetch = kafka_fetch(spark_kafka_options(pipeline_name, source, settings), settings)
+    if isinstance(fetch, str):
+        log.info("pipeline '%s': Spark's Kafka reader reads the source's messages: %s", pipeline_name, fetch)
+        return None
+    return fetch
+
+
+def kafka_fetch(spark_options: dict[str, str], settings: Settings) -> KafkaFetch | str:
+    """The executors' read for a source whose Spark reader options are ``spark_options``, or why Spark's
+    reader reads it (see the module doc)."""
+    if settings.kafka.reader == "spark":
+        return "kafka.reader is 'spark'"
+    config: dict[str, str] = {}
+    for key, value in spark_options.items():
+        if key.startswith("kafka."):
+            config[key.removeprefix("kafka.")] = value
+        elif key not in SPARK_READER_OPTIONS:
+            return f"the source's option '{key}' is Spark's reader's"
+    config.setdefault("isolation.level", "read_uncommitted")  # the Java consumer's default, which Spark keeps
+    client = f"{spark_options.get('groupIdPrefix', 'cdcsync')}-fetch"
+    config.setdefault("group.id", client)  # no group is joined (partitions are assigned) and nothing committed
+    config.update(
+        {
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+            "enable.partition.eof": "false",
+            "auto.offset.reset": "error",
+            "client.id": client,
+            "log_level": "0",
+        }
+    )
+    fetch = KafkaFetch(
+        config=tuple(sorted(config.items())),
+        poll_timeout_s=float(spark_options.get("kafkaConsumer.pollTimeoutMs", DEFAULT_POLL_TIMEOUT_S * 1000)) / 1000,
+        headers=spark_options.get("includeHeaders", "false").lower() == "true",
+    )
+    try:
+        fetch.consumer().close()
+    except Exception as error:  # librdkafka refuses a key it does not know (or a value)
+        return f"librdkafka refused the client options: {error}"
+    return fetch
