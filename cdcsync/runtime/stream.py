@@ -69,7 +69,6 @@ from cdcsync.sources.kafka import (
     KnownWrappers,
     TopicDecoders,
     WrapperSet,
-    batch_read,
     query_broker_failure,
     source_brokers,
     spark_kafka_options,
@@ -318,21 +317,6 @@ class BatchHandler:
         self.stats.last_batch_id = batch_id
         self.stats.last_batch_done_at = time.monotonic()
 
-    def _peek_frame(self, raw: DataFrame, batch_id: int) -> DataFrame | None:
-        """What :class:`KnownWrappers` peeks at for a first wrapper: the batch's messages read apart from it
-        (:func:`~cdcsync.sources.kafka.batch_read`; a job over ``raw`` itself would count as rows the batch read);
-        None when that cannot be set up (no settings, no ranges in the checkpoint): the tasks report the wrappers."""
-        if self.settings is None:
-            return None
-        ranges = batch_offsets(self.checkpoint_dir, batch_id)
-        if not ranges:
-            return None
-        try:
-            return batch_read(raw.sparkSession, self.pipeline.name, self.source, self.settings, ranges)
-        except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
-            log.debug("setting up the read of batch %d's first message failed: %s", batch_id, error)
-            return None
-
     def _process(self, raw: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         if self.stats.first_batch_at is None:
@@ -349,10 +333,7 @@ class BatchHandler:
         messages = KafkaBatch.of(raw, self.fetch, offsets)
         # The peek reads the checkpoint's ranges for this batch: only while it can still learn something.
         if cut and self.wrappers.wants_peek:
-            if messages.fetch is not None:
-                self.wrappers.peeked_at(messages.first_wrappers())
-            else:
-                self.wrappers.for_batch(self._peek_frame(raw, batch_id))
+            self.wrappers.peeked_at(messages.first_wrappers(self.pipeline.name, self.source, self.settings))
         wrappers = self.wrappers.wrappers if cut else ()
         decode = self._decoder(dead_letters, wrappers, met)
         evolutions = 0

@@ -219,6 +219,22 @@ def batch_read(
     return reader.load()
 
 
+def peek_wrappers(
+    raw: DataFrame, pipeline_name: str, source: KafkaSource, settings: Settings | None, ranges: OffsetRanges | None
+) -> list[bytes] | None:
+    """What :class:`KnownWrappers` peeks at for a first wrapper under Spark's reader: the first message of the
+    batch's ``ranges`` read apart from it (:func:`batch_read`: a job over ``raw`` itself would count as rows the
+    batch read); None when that cannot be set up (no settings, no ranges in the checkpoint) or finds nothing."""
+    if settings is None or not ranges:
+        return None
+    try:
+        frame = batch_read(raw.sparkSession, pipeline_name, source, settings, ranges)
+    except Exception as error:  # only a way to go faster: the batch's own read reports what is wrong
+        log.debug("setting up the read of the batch's first message failed: %s", error)
+        return None
+    return first_wrappers(frame)
+
+
 def first_wrappers(raw: DataFrame) -> list[bytes] | None:
     """The wrappers of the batch's first message and its key, read by a Spark job that stops at it (one fetch of
     one partition); None when there is no message, or the read failed (the batch's own read reports that)."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from cdcsync.core.reports import ReportedFailure, broker_unavailable, offsets_lost
 from cdcsync.sources.debezium.envelope import NEW_KEY_COLUMN, NEW_KEY_HEADER
 from cdcsync.sources.debezium.wrappers import KEY_WRAPPER_COLUMN, WRAPPER_COLUMN
-from cdcsync.sources.kafka import decoder_input, message_wrappers, spark_kafka_options
+from cdcsync.sources.kafka import decoder_input, message_wrappers, peek_wrappers, spark_kafka_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -266,13 +266,15 @@ class KafkaBatch:
     raw: DataFrame
     fetch: KafkaFetch | None = None
     parts: tuple[PartitionRange, ...] = ()
+    ranges: OffsetRanges | None = None
+    """The batch's offset ranges as the checkpoint planned them (None: unknown)."""
 
     @classmethod
     def of(cls, raw: DataFrame, fetch: KafkaFetch | None, ranges: OffsetRanges | None) -> KafkaBatch:
         """The batch read by the tasks when there is a ``fetch`` and the checkpoint gave its ``ranges``."""
         if fetch is None or ranges is None:
-            return cls(raw)
-        return cls(raw, fetch, planned_ranges(ranges))
+            return cls(raw, ranges=ranges)
+        return cls(raw, fetch, planned_ranges(ranges), ranges)
 
     def map_in_arrow(self, task: ArrowTask, schema: Any, wrappers: tuple[bytes, ...]) -> DataFrame:
         """``task`` over the batch's messages (cut with ``wrappers``), one Spark task per partition range."""
@@ -290,11 +292,13 @@ class KafkaBatch:
         ``changes_in`` when the tasks read, since Spark's progress then counts no rows."""
         return sum(part.end - part.start for part in self.parts if part.start >= 0)
 
-    def first_wrappers(self) -> list[bytes] | None:
-        """The wrappers of the batch's first message with a value, and of its key, read on the driver by the
-        tasks' own read (:class:`~cdcsync.sources.kafka.KnownWrappers`); None when the first chunk of its ranges
-        holds no such message or the read failed (the tasks' read reports what is wrong)."""
-        assert self.fetch is not None, "Spark's reader peeks with a job of its own (sources.kafka.batch_read)"
+    def first_wrappers(self, pipeline_name: str, source: KafkaSource, settings: Settings | None) -> list[bytes] | None:
+        """The wrappers of the batch's first message with a value, and of its key
+        (:class:`~cdcsync.sources.kafka.KnownWrappers`), read on the driver as the tasks read (Spark's reader: a job
+        of its own, :func:`~cdcsync.sources.kafka.peek_wrappers`); None when the first chunk of its ranges holds no
+        such message or the read failed (the tasks' read reports what is wrong)."""
+        if self.fetch is None:
+            return peek_wrappers(self.raw, pipeline_name, source, settings, self.ranges)
         whole = replace(self.fetch, wrappers=(), poll_timeout_s=min(self.fetch.poll_timeout_s, 10.0))
         try:
             for part in self.parts:
@@ -350,6 +354,20 @@ def kafka_fetch(spark_options: dict[str, str], settings: Settings) -> KafkaFetch
     )
     try:
         fetch.consumer().close()
-    except Exception as error:  # librdkafka refuses a key it does not know (or a value)
-        return f"librdkafka refused the client options: {error}"
+    except Exception:  # librdkafka refuses a key it does not know, or a value
+        return _refusal(config)
     return fetch
+
+
+def _refusal(config: dict[str, str]) -> str:
+    """Why librdkafka refused ``config``, naming the first key it refuses on its own; never a value, nor
+    librdkafka's message, which may quote one (a value may be a secret)."""
+    from confluent_kafka import Consumer
+
+    essentials: dict[str, str] = {k: config[k] for k in ("bootstrap.servers", "group.id", "log_level") if k in config}
+    for key, value in config.items():
+        try:
+            Consumer({**essentials, key: value}).close()
+        except Exception:
+            return f"librdkafka refused the client option '{key}'"
+    return "librdkafka refused the client options together"
