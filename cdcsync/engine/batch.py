@@ -125,11 +125,16 @@ class RoutedStageTask:
         import pyarrow.compute as pc
 
         freeze_long_lived()
-        rows = pa.Table.from_batches([batch for batch in batches if batch.num_rows])
         counts = [0] * len(self.writers)
-        if rows.num_rows == 0:
+        try:
+            read = [batch for batch in batches if batch.num_rows]
+        except ReportedFailure as failure:  # the tasks' own Kafka read (sources.kafka_fetch): the broker's
+            yield _counts_batch([], report=failure.report)
+            return
+        if not read:  # (a range of commit markers alone holds no message)
             yield _counts_batch(counts)
             return
+        rows = pa.Table.from_batches(read)
         unknown = self.decoders.new_topic(rows)
         if unknown is not None:
             yield _counts_batch([], report=unknown)

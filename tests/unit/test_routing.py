@@ -7,6 +7,7 @@ migrations render from, and the executor task that splits a batch by topic.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from cdcsync.config import routing
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import KafkaSource, RoutedPostgresSink, SourceSchema
 from cdcsync.core.errors import ConfigError, MigrationError, NewTopicError, exit_code_for
-from cdcsync.core.reports import Kind, Report
+from cdcsync.core.reports import Kind, Report, ReportedFailure, broker_unavailable
 from cdcsync.engine.batch import RoutedStageTask, raise_reported
 from cdcsync.migrations import CLICKHOUSE, POSTGRES
 from cdcsync.sources.debezium.spec import DecodeSpec
@@ -304,6 +305,22 @@ def test_a_topic_init_did_not_know_stops_the_batch_naming_it() -> None:
     error = caught.value
     assert exit_code_for(error) == 2 and "read topic shop.public.refunds (partition 3, offset 7)" in str(error)
     assert "cdcsync init shop.yaml" in (error.hint or "") and "cdcsync migrate shop.yaml" in (error.hint or "")
+
+
+def test_a_partition_without_messages_stages_nothing_and_a_failed_read_stops_the_batch() -> None:
+    decoders = TopicDecoders("cdc", {"shop.public.orders": decoder("cdc[o]", {"id": "bigint"}, ("id",))})
+    known = Recorder()
+    task = RoutedStageTask(decoders, (known,), ("shop.public.orders",))
+    [empty] = list(task(iter([])))  # a range of commit markers alone: the tasks' own read yields no batch
+    assert empty.column("rows").to_pylist() == [0] and not known.tables
+
+    def broker_away() -> Iterator[pa.RecordBatch]:
+        yield topic_batch("shop.public.orders", [(dumps({"id": 1}), dumps(change("c", after={"id": 1})))], 0)
+        raise ReportedFailure(broker_unavailable("no message of topic t partition 0 arrived within 1s"))
+
+    [report] = list(task(broker_away()))
+    assert Report.decode(report.column("report")[0].as_py()).kind is Kind.BROKER_UNAVAILABLE
+    assert not known.tables  # nothing staged: the batch is retried as the broker's outage
 
 
 def test_schema_evolution_auto_adds_a_new_table_to_the_recorded_ones(tmp_path: Path) -> None:
