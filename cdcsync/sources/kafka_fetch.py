@@ -72,6 +72,10 @@ SPARK_READER_OPTIONS = frozenset(
     }
 )
 """Spark reader options that only plan batches (the driver's side, still Spark's) or that this reader honours."""
+SPARK_CLIENT_ONLY = frozenset({"default.api.timeout.ms"})
+"""Java client keys librdkafka lacks that time only the Java client's own calls (Spark's offset requests on the
+driver, which still plans the batches): kept for Spark, left out of the tasks' read, which waits
+``kafkaConsumer.pollTimeoutMs`` for the broker."""
 MESSAGES_PER_BATCH = 20_000
 """Messages per Arrow batch handed to the decoder (Spark's ``arrow.maxRecordsPerBatch`` as cdcsync sets it)."""
 DEFAULT_POLL_TIMEOUT_S = 120.0
@@ -331,7 +335,8 @@ def kafka_fetch(spark_options: dict[str, str], settings: Settings) -> KafkaFetch
     config: dict[str, str] = {}
     for key, value in spark_options.items():
         if key.startswith("kafka."):
-            config[key.removeprefix("kafka.")] = value
+            if key.removeprefix("kafka.") not in SPARK_CLIENT_ONLY:
+                config[key.removeprefix("kafka.")] = value
         elif key not in SPARK_READER_OPTIONS:
             return f"the source's option '{key}' is Spark's reader's"
     config.setdefault("isolation.level", "read_uncommitted")  # the Java consumer's default, which Spark keeps

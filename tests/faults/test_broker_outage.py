@@ -1,7 +1,9 @@
 """The Kafka broker away under a running pipeline: shorter than the retry budget, then longer.
 
-Spark's Kafka reader rides out a short outage inside a task (its poll and offset requests wait); a longer one fails
-the task with one of Kafka's retriable exceptions. That failure is the broker's outage, not a failed write: the
+A task's read of its offsets rides out a short outage (it waits ``kafkaConsumer.pollTimeoutMs`` for the broker); a
+longer one fails the batch as the broker's outage (the executors' own read, ``cdcsync.sources.kafka_fetch``: these
+options are all ones it takes or leaves to Spark's planner; under Spark's reader, one of Kafka's retriable
+exceptions). That failure is the broker's outage, not a failed write: the
 batch is retried with backoff inside ``retry.budget_s`` (said once), so an outage shorter than the budget passes
 without exiting, and one longer than the budget ends the run with exit 1 and one line naming the broker, with
 nothing merged for the batch and nothing dead-lettered. The next run, with the broker back, lands every change
