@@ -178,9 +178,23 @@ class KafkaWriter:
 
         assert self.registry is not None, "avro sinks carry the registry"
         client = registry_client(self.registry)
-        key = client.register_schema(f"{self.topic}-key", Schema(json.dumps(shape.avro_key_schema()), "AVRO"))
-        value = client.register_schema(f"{self.topic}-value", Schema(json.dumps(shape.avro_value_schema()), "AVRO"))
+        key = registered(client, f"{self.topic}-key", Schema(json.dumps(shape.avro_key_schema()), "AVRO"))
+        value = registered(client, f"{self.topic}-value", Schema(json.dumps(shape.avro_value_schema()), "AVRO"))
         return key, value
+
+
+def registered(client: Any, subject: str, schema: Any) -> int:
+    """The id of ``schema`` under ``subject``, registering it if need be. The tasks of a batch register the same
+    new subject at once; a registry may answer all but one of them 409 (Apicurio: "already exists"), which a
+    second try turns into the id. An incompatible schema is refused again (409), and stays refused."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        return int(client.register_schema(subject, schema))
+    except SchemaRegistryError as error:
+        if error.http_status_code != 409:
+            raise
+        return int(client.register_schema(subject, schema))
 
 
 TRANSACTION_TIMEOUT_MS = 300_000

@@ -200,7 +200,12 @@ def sigkill_mid_stream(
         if sum(len(ids) for name, ids in ledger.items() if sink in (None, name)) >= after_batches:
             break
         time.sleep(0.2)
-    assert process.poll() is None, "the run ended before it could be killed; make the workload larger"
+    if process.poll() is not None:
+        _stdout, stderr = process.communicate()
+        raise AssertionError(
+            f"the run ended (exit {process.returncode}) before it could be killed; make the workload larger if it "
+            f"succeeded:\n{stderr[-4000:]}"
+        )
     time.sleep(random.uniform(0.0, 2.0))
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from cdcsync.core.errors import UserError
-from cdcsync.sinks.kafka import KafkaWriter, ensure_topic, source_ranges, transactional_id
+from cdcsync.sinks.kafka import KafkaWriter, ensure_topic, registered, source_ranges, transactional_id
 from cdcsync.sinks.kafka_envelope import OP_HEADER
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from tests.conftest import read_topic
@@ -153,6 +153,34 @@ def test_avro_events_register_their_schemas(kafka_bootstrap: str, schema_registr
     assert messages[0].value()[1:5] == value.schema_id.to_bytes(4, "big")
     assert messages[0].key()[1:5] == key.schema_id.to_bytes(4, "big")
     assert json.loads(value.schema.schema_str)["name"] == "Envelope"
+
+
+def test_tasks_registering_a_new_subject_at_once_all_get_its_id_and_an_incompatible_schema_stays_refused(
+    schema_registry_url: str,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    record = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "long"}]}
+    for _ in range(5):  # the registry's race (a 409 "already exists" for all but one) shows in most rounds
+        subject = f"sink.race_{uuid.uuid4().hex[:8]}-value"
+
+        def register(subject: str) -> int:  # each task's own client, as on the executors
+            return registered(
+                SchemaRegistryClient({"url": schema_registry_url}), subject, Schema(json.dumps(record), "AVRO")
+            )
+
+        with ThreadPoolExecutor(4) as pool:
+            ids = list(pool.map(register, [subject] * 4))
+        assert len(set(ids)) == 1
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    client.set_compatibility(subject, "BACKWARD")
+    changed = {**record, "fields": [{"name": "id", "type": "string"}]}
+    with pytest.raises(SchemaRegistryError) as refused:
+        registered(client, subject, Schema(json.dumps(changed), "AVRO"))
+    assert refused.value.http_status_code == 409
 
 
 def _partition_summary(batches: Any) -> Any:
