@@ -334,9 +334,10 @@ def kafka_fetch(spark_options: dict[str, str], settings: Settings) -> KafkaFetch
         return "kafka.reader is 'spark'"
     config: dict[str, str] = {}
     for key, value in spark_options.items():
-        if key.startswith("kafka."):
-            if key.removeprefix("kafka.") not in SPARK_CLIENT_ONLY:
-                config[key.removeprefix("kafka.")] = value
+        client_key = key.removeprefix("kafka.")
+        if client_key != key:
+            if client_key not in SPARK_CLIENT_ONLY:
+                config[client_key] = value
         elif key not in SPARK_READER_OPTIONS:
             return f"the source's option '{key}' is Spark's reader's"
     config.setdefault("isolation.level", "read_uncommitted")  # the Java consumer's default, which Spark keeps
