@@ -79,7 +79,7 @@ def bench_services(args: argparse.Namespace, root: Path) -> Iterator[BenchServic
         return
     stack = DevStackConfig(
         state_dir=root / "stack",
-        postgres_port=55461,
+        postgres_port=25461,
         kafka_port=29392,
         kafka_controller_port=29393,
         clickhouse_port=28391,

@@ -5,7 +5,7 @@
 On a shared machine wall-clock figures say more about the neighbours than about cdcsync; CPU seconds of the
 processes that do the work say less about them. So this benchmark:
 
-1. starts a Postgres server and a Kafka broker of its own (dev-stack services, ports 55495/29495, state under
+1. starts a Postgres server and a Kafka broker of its own (dev-stack services, ports 25495/29495, state under
    ``--state-dir``), each launched from inside a ``cpuacct`` cgroup of its own so that everything they run
    (Postgres backends included) is counted there;
 2. moves itself into a third cgroup, so that the Spark driver JVM and the executors' Python workers it starts are
@@ -103,7 +103,7 @@ def main() -> None:
     from cdcsync.devstack.kafka import KafkaBroker
     from cdcsync.devstack.postgres import Postgres
 
-    stack = DevStackConfig(state_dir=args.state_dir, postgres_port=55495, kafka_port=29495, kafka_controller_port=29496)
+    stack = DevStackConfig(state_dir=args.state_dir, postgres_port=25495, kafka_port=29495, kafka_controller_port=29496)
     if args.down:
         KafkaBroker(stack).stop()
         Postgres(stack).stop()

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -51,6 +50,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.ports import free_port
 
 if TYPE_CHECKING:
     from cdcsync.devstack import DevStackConfig
@@ -148,7 +149,7 @@ def _dev_stack_config(state_dir: Path) -> DevStackConfig:
 
     return DevStackConfig(
         state_dir=state_dir,
-        postgres_port=55441,
+        postgres_port=25441,  # below the ephemeral range, as tests/ports.py says
         kafka_port=29192,
         kafka_controller_port=29193,
         clickhouse_port=28123,
@@ -283,7 +284,7 @@ def _containers() -> Iterator[Services]:
         container_image("postgres"), username="cdcsync", password="cdcsync", dbname="cdcsync", driver=None, **client
     )
     postgres.with_command("postgres -c wal_level=logical -c max_replication_slots=10 -c max_connections=200")
-    kafka_port = _free_port()
+    kafka_port = free_port()
     kafka = DockerContainer(container_image("kafka"), **client).with_bind_ports(9092, kafka_port)
     for name, value in kafka_container_environment(kafka_port).items():
         kafka.with_env(name, value)
@@ -408,7 +409,7 @@ def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
     from cdcsync.devstack.apicurio import ApicurioRegistry
 
     state_dir = Path(tempfile.mkdtemp(prefix="cdcsync-test-registry-"))
-    registry = ApicurioRegistry(DevStackConfig(state_dir=state_dir, schema_registry_port=_free_port()))
+    registry = ApicurioRegistry(DevStackConfig(state_dir=state_dir, schema_registry_port=free_port()))
     registry.start()
     try:
         registry.wait_ready(180)
@@ -416,12 +417,6 @@ def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
     finally:
         registry.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture()

@@ -24,9 +24,9 @@ from psycopg.conninfo import make_conninfo
 
 from cdcsync.core import names
 from cdcsync.devstack import workload
-from tests.conftest import _free_port
 from tests.e2e.conftest import Project, assert_each_batch_once, orders_pipeline
 from tests.e2e.test_upsert_pipeline import SINKS, assert_hard_mirror_equals
+from tests.ports import free_port
 
 STOP_TIMEOUT_S = 5
 
@@ -70,7 +70,7 @@ def test_metrics_health_and_a_bounded_sigterm_as_the_writer_role(
     try:
         project.env["CDCSYNC__POSTGRES__DSN"] = make_conninfo(postgres_dsn, user=login)
         project.env["CDCSYNC__RUN__STOP_TIMEOUT_S"] = str(STOP_TIMEOUT_S)
-        port = _free_port()
+        port = free_port()
         process = project.start("run", str(project.pipeline_file), "--metrics-port", str(port))
         produced = len(load.events)
         deadline, found = time.monotonic() + 300, {}

@@ -14,8 +14,8 @@ from typing import Any
 from psycopg.conninfo import make_conninfo
 
 from cdcsync.devstack.workload import ChangeEvent, produce
-from tests.conftest import _free_port
 from tests.e2e.conftest import Project, orders_pipeline
+from tests.ports import free_port
 
 
 def _written(root: Path) -> str:
@@ -36,8 +36,8 @@ def test_no_password_in_any_output_of_a_failing_run(
     project.env.update(
         {
             "CDCSYNC__POSTGRES__DSN": make_conninfo(postgres_dsn, password=secrets["pg"]),  # trust: not checked
-            "CDCSYNC__CLICKHOUSE__URL": f"http://default:{secrets['ch']}@127.0.0.1:{_free_port()}",
-            "CDCSYNC__SCHEMA_REGISTRY__URL": f"http://cdcsync:{secrets['registry']}@127.0.0.1:{_free_port()}/apis/ccompat/v7",
+            "CDCSYNC__CLICKHOUSE__URL": f"http://default:{secrets['ch']}@127.0.0.1:{free_port()}",
+            "CDCSYNC__SCHEMA_REGISTRY__URL": f"http://cdcsync:{secrets['registry']}@127.0.0.1:{free_port()}/apis/ccompat/v7",
             "CDCSYNC__SCHEMA_REGISTRY__RETRY_TIMEOUT_S": "1",
             "CDCSYNC__RETRY__BUDGET_S": "2",  # the registry stays away: fail soon
         }

@@ -36,14 +36,16 @@ from tests.faults.harness import FIGURES, FaultWorkload, prepare_workload
 __all__ = ["make_project"]
 
 FAULT_PORTS = {
-    "postgres_port": 35541,
-    "kafka_port": 35592,
-    "kafka_controller_port": 35593,
-    "clickhouse_port": 35523,
-    "schema_registry_port": 35581,
+    "postgres_port": 26541,
+    "kafka_port": 26592,
+    "kafka_controller_port": 26593,
+    "clickhouse_port": 26523,
+    "schema_registry_port": 26581,
 }
 """Ports of the private services: used by nobody else on the machine (the shared stack is on 1xxxx/5xxxx, the
-test session's own on 2xxxx)."""
+test session's own on 25xxx/28xxx/29xxx). Below the kernel's ephemeral range (32768-60999 by default): a port in it
+may be the local end of any outgoing connection when the service (re)starts, and a broker restarted on 35592 once
+failed in CI with "Address already in use"."""
 
 
 class FaultStack:

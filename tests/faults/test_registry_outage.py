@@ -7,7 +7,6 @@ every change."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from cdcsync.devstack import workload
 from tests.e2e.conftest import Project, ledger_batches, mirror_rows
 from tests.e2e.test_avro_pipeline import _avro_project
 from tests.faults.harness import Figures, record
+from tests.ports import free_port
 
 
 def test_a_registry_outage_past_the_budget_stops_the_run_and_dead_letters_nothing(
@@ -30,9 +30,7 @@ def test_a_registry_outage_past_the_budget_stops_the_run_and_dead_letters_nothin
     load = workload.generate(400, 100, seed=17)
     events = workload.to_avro(load.events, *workload.register_avro_schemas(schema_registry_url, topic_name))
     workload.produce(kafka_bootstrap, topic_name, events)
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        away = f"http://127.0.0.1:{probe.getsockname()[1]}/apis/ccompat/v7"
+    away = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"  # nobody listens there
 
     project = _avro_project(make_project, away, "avro_outage", topic_name, on_decode_error="dlq")
     project.env["CDCSYNC__SCHEMA_REGISTRY__RETRY_TIMEOUT_S"] = "1"

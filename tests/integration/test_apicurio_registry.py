@@ -7,7 +7,6 @@ own on a free port."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -31,6 +30,7 @@ from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import DecodeTask
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +39,6 @@ CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def client(url: str) -> Any:
@@ -211,7 +205,7 @@ def topic() -> str:
 @pytest.fixture(scope="module")
 def own_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
     """An Apicurio Registry of this module's own (free port, own state dir), started through the dev-stack code."""
-    config = DevStackConfig(state_dir=tmp_path_factory.mktemp("registry"), schema_registry_port=_free_port())
+    config = DevStackConfig(state_dir=tmp_path_factory.mktemp("registry"), schema_registry_port=free_port())
     registry = ApicurioRegistry(config)
     registry.start()
     try:
@@ -395,7 +389,7 @@ def test_registry_down_is_retried_then_fails_the_task_and_dead_letters_nothing(
     value = serialize(
         serializer(schema_registry_url, envelope(ROW_FIELDS)), topic, change("c", {"id": 1, "status": "x"})
     )
-    url = f"http://127.0.0.1:{_free_port()}/apis/ccompat/v7"  # nobody listens there
+    url = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"  # nobody listens there
     spec = spec_for(url, COLUMNS, retry_timeout_s=1.5)
 
     for dead_letters in (True, False):  # on_decode_error: dlq, then fail
@@ -429,7 +423,7 @@ def test_a_registry_that_comes_back_within_the_budget_decodes(schema_registry_ur
     value = serialize(
         serializer(schema_registry_url, envelope(ROW_FIELDS)), topic, change("c", {"id": 2, "status": "back"})
     )
-    port = _free_port()
+    port = free_port()
 
     class Forward(_QuietHandler):
         def do_GET(self) -> None:

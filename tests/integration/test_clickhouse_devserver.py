@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import socket
 import threading
 import time
 import uuid
@@ -25,6 +24,7 @@ from cdcsync.devstack import clickhouse as devserver
 from cdcsync.devstack.clickhouse_protocol import split_insert
 from cdcsync.devstack.common import DevStackConfig, port_open, process_command_line
 from tests.conftest import ClickHouseDatabase
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -280,16 +280,10 @@ def test_insert_data_starts_where_clickhouse_says(
     assert split.statement == (statement or raw[: raw.rindex(b" FORMAT ")].decode())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackConfig]:
     """A dev server of this module's own, for what only the stand-in does (whatever services the session uses)."""
-    cfg = DevStackConfig(state_dir=tmp_path_factory.mktemp("standin"), clickhouse_port=_free_port())
+    cfg = DevStackConfig(state_dir=tmp_path_factory.mktemp("standin"), clickhouse_port=free_port())
     server = devserver.ClickHouse(cfg)
     server.start()
     try:
@@ -341,7 +335,7 @@ def test_data_survives_a_server_restart(tmp_path: Path) -> None:
     """Stop and start the dev server process itself (not the session's shared one) and find the table again."""
     import clickhouse_connect
 
-    cfg = DevStackConfig(state_dir=tmp_path, clickhouse_port=_free_port(), startup_timeout_s=60)
+    cfg = DevStackConfig(state_dir=tmp_path, clickhouse_port=free_port(), startup_timeout_s=60)
     server = devserver.ClickHouse(cfg)
     try:
         first = server.start()

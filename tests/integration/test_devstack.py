@@ -7,7 +7,6 @@ The tests in this module share one stack and run in order; the last one takes it
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,26 +16,14 @@ import pytest
 
 from cdcsync.devstack import DevStackConfig, down, env_lines, status, up
 from cdcsync.devstack.common import port_open, process_command_line
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.integration
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackConfig]:
-    pg, broker, controller, clickhouse, registry = _free_ports(5)
+    pg, broker, controller, clickhouse, registry = free_ports(5)
     config = DevStackConfig(
         state_dir=tmp_path_factory.mktemp("devstack-state"),
         postgres_port=pg,
