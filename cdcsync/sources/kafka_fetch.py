@@ -205,19 +205,19 @@ class KafkaFetch:
         count = len(messages)
         first = messages[0]
         columns: dict[str, pa.Array] = {}
-        key_cut = _cut(keys, self.wrappers)
-        value_cut = _cut(values, self.wrappers)
-        columns["key"] = pa.array(keys, pa.binary())
-        columns["value"] = pa.array(values, pa.binary())
+        key_column, key_cut = cut(pa.array(keys, pa.binary()), self.wrappers)
+        value_column, value_cut = cut(pa.array(values, pa.binary()), self.wrappers)
+        columns["key"] = key_column
+        columns["value"] = value_column
         columns["topic"] = pa.repeat(pa.scalar(first.topic(), pa.string()), count)
         columns["partition"] = pa.repeat(pa.scalar(first.partition(), pa.int32()), count)
         columns["offset"] = pa.array(offsets, pa.int64())
         columns["timestamp"] = pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
         if self.headers:
             columns[NEW_KEY_COLUMN] = pa.array(new_keys, pa.binary())
-        if self.wrappers:
-            columns[WRAPPER_COLUMN] = pa.array(value_cut, pa.int32())
-            columns[KEY_WRAPPER_COLUMN] = pa.array(key_cut, pa.int32())
+        if value_cut is not None and key_cut is not None:
+            columns[WRAPPER_COLUMN] = value_cut
+            columns[KEY_WRAPPER_COLUMN] = key_cut
         return pa.RecordBatch.from_pydict(columns)
 
 
@@ -230,22 +230,33 @@ def _new_key(headers: list[tuple[str, bytes]] | None) -> bytes | None:
     return None
 
 
-def _cut(messages: list[bytes | None], wrappers: tuple[bytes, ...]) -> list[int | None]:
-    """Cut the first matching wrapper off each message in place: a message that starts with it and ends with
-    ``}`` keeps its payload alone; the wrapper's index per message (None: left whole)."""
+def cut(messages: pa.Array, wrappers: tuple[bytes, ...]) -> tuple[pa.Array, pa.Array | None]:
+    """The messages with the first matching wrapper cut off each (one that starts with it and ends with ``}``
+    keeps its payload alone), and the wrapper's index per message (null: left whole; None without wrappers).
+
+    In Arrow's kernels, not per message in Python: a wrapped message is ~2.9 KB, and slicing each one into a new
+    bytes object cost more than the rest of building the batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if not wrappers:
-        return []
-    found: list[int | None] = []
-    for at, message in enumerate(messages):
-        index = None
-        if message is not None and message.endswith(b"}"):
-            for number, wrapper in enumerate(wrappers):
-                if message.startswith(wrapper):
-                    messages[at] = message[len(wrapper) : -1]
-                    index = number
-                    break
-        found.append(index)
-    return found
+        return messages, None
+    found = pa.nulls(len(messages), pa.int32())
+    closed = pc.fill_null(pc.ends_with(messages, pattern="}"), False)
+    cut = messages
+    for number, wrapper in enumerate(wrappers):
+        try:
+            pattern = wrapper.decode()
+        except UnicodeDecodeError:  # (never learned: a wrapper's schema parsed as JSON) crosses whole, as is safe
+            continue
+        hit = pc.and_(
+            pc.and_(closed, pc.is_null(found)), pc.fill_null(pc.starts_with(messages, pattern=pattern), False)
+        )
+        if not pc.any(hit).as_py():
+            continue
+        found = pc.if_else(hit, pa.scalar(number, pa.int32()), found)
+        cut = pc.if_else(hit, pc.binary_slice(messages, len(wrapper), -1), cut)
+    return cut, found
 
 
 @dataclass(frozen=True)

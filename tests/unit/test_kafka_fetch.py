@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cdcsync.config.settings import KafkaSettings, Settings
 from cdcsync.sources.debezium.wrappers import CUT_COLUMNS
-from cdcsync.sources.kafka_fetch import KafkaBatch, KafkaFetch, PartitionRange, _cut, kafka_fetch, planned_ranges
+from cdcsync.sources.kafka_fetch import KafkaBatch, KafkaFetch, PartitionRange, cut, kafka_fetch, planned_ranges
 from tests.unit.test_debezium_columnar import KEY_WRAPPER, OTHER_WRAPPER, jvm_cut
 
 pytestmark = pytest.mark.unit
@@ -93,7 +93,7 @@ def test_the_cut_is_the_jvms_byte_for_byte(values: list[bytes | None], keys: lis
     batch = pa.RecordBatch.from_pydict({"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())})
     expected = jvm_cut(batch, wrappers)
     for column, wrapper_column in CUT_COLUMNS:
-        cut = list(values if column == "value" else keys)
-        assert _cut(cut, wrappers) == expected.column(wrapper_column).to_pylist()
-        assert cut == expected.column(column).to_pylist()
-    assert _cut(list(values), ()) == []
+        messages, found = cut(batch.column(column), wrappers)
+        assert found is not None and found.to_pylist() == expected.column(wrapper_column).to_pylist()
+        assert messages.to_pylist() == expected.column(column).to_pylist()
+    assert cut(batch.column("value"), ()) == (batch.column("value"), None)
