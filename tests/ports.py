@@ -12,7 +12,9 @@ import random
 import socket
 from pathlib import Path
 
-_LOWEST = 20000
+_LOWEST = 30000
+"""Above the fixed ports of the tests' own stacks (25000-29999: the test session's, the fault suite's, the Spark
+cluster's), so that a drawn port never takes one of theirs while its service is down for a fault."""
 
 
 def _below_ephemeral() -> int:
@@ -23,19 +25,20 @@ def _below_ephemeral() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports nobody listens on now, none of which an outgoing connection will be given."""
+    """`count` distinct ports nobody listens on now, none of which an outgoing connection will be given (on a
+    host whose ephemeral range reaches below them, any free ports: the kernel's picks, as before)."""
     highest = _below_ephemeral() - 1
     chosen: list[int] = []
     while len(chosen) < count:
-        port = random.randint(_LOWEST, highest)
-        if port in chosen:
-            continue
+        port = random.randint(_LOWEST, highest) if highest - _LOWEST > 100 else 0
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        chosen.append(port)
+            port = int(probe.getsockname()[1])
+        if port not in chosen:
+            chosen.append(port)
     return chosen
 
 
