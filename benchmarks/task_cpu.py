@@ -75,18 +75,17 @@ def profile(args: argparse.Namespace, events: list[workload.ChangeEvent], topic:
     phases: dict[str, list[float]] = {}
     for _ in range(args.repeat):
         fetch.spent[0] = 0.0
-        read, thread = _cpu(lambda: list(fetch.read(part)))
-        decoded, _ = _cpu(lambda batches: list(decode(iter(batches))), read.result)
-        table = pa.Table.from_batches(decoded.result)
-        collapsed, _ = _cpu(newest_per_key, table, ORDERS_PRIMARY_KEY, ())
-        csv, _ = _cpu(_to_csv, collapsed.result, names, 1)
+        batches, read_s, read_thread_s = _cpu(lambda: list(fetch.read(part)))
+        decoded, decode_s, _ = _cpu(lambda read: list(decode(iter(read))), batches)
+        collapsed, collapse_s, _ = _cpu(newest_per_key, pa.Table.from_batches(decoded), ORDERS_PRIMARY_KEY, ())
+        _, csv_s, _ = _cpu(_to_csv, collapsed, names, 1)
         for name, seconds in (
-            ("read (process: librdkafka's threads included)", read.seconds),
-            ("  the task's thread", thread),
+            ("read (process: librdkafka's threads included)", read_s),
+            ("  the task's thread", read_thread_s),
             ("  of which building the Arrow batches", fetch.spent[0]),
-            ("decode", decoded.seconds),
-            ("collapse to the newest change per key", collapsed.seconds),
-            ("CSV for the COPY", csv.seconds),
+            ("decode", decode_s),
+            ("collapse to the newest change per key", collapse_s),
+            ("CSV for the COPY", csv_s),
         ):
             phases.setdefault(name, []).append(seconds)
 
@@ -99,17 +98,11 @@ def profile(args: argparse.Namespace, events: list[workload.ChangeEvent], topic:
         print(f"  {name:48} {min(runs) * 1e6 / messages:7.2f}")
 
 
-class _Timed:
-    def __init__(self, result: Any, seconds: float) -> None:
-        self.result = result
-        self.seconds = seconds
-
-
-def _cpu(work: Callable[..., Any], *args: Any) -> tuple[_Timed, float]:
-    """``work(*args)``'s result, with the process CPU it took (every thread's) and this thread's alone."""
+def _cpu(work: Callable[..., Any], *args: Any) -> tuple[Any, float, float]:
+    """``work(*args)``'s result, the process CPU it took (every thread's) and this thread's alone."""
     process, thread = time.process_time(), time.thread_time()
     result = work(*args)
-    return _Timed(result, time.process_time() - process), time.thread_time() - thread
+    return result, time.process_time() - process, time.thread_time() - thread
 
 
 @dataclass(frozen=True)
