@@ -140,6 +140,12 @@ class RunSettings(_Section):
     """After SIGTERM or Ctrl-C, how long the batch in flight may take to finish (Kubernetes sends SIGKILL 30 s
     after SIGTERM by default). Past it, ``run`` exits 1 without committing that batch: the next run replays it."""
 
+    overlap_merges: bool = True
+    """Merge a batch into its Postgres sinks while the next batch is read and staged (a source whose sinks are all
+    ``type: postgres`` and read it directly): the merge is one Postgres backend's work, which otherwise leaves a
+    core idle. Exactly-once either way (docs/exactly-once.md, "Overlapped merges"); false merges each batch before
+    the next one starts."""
+
 
 class SparkSettings(_Section):
     master: str = "local[2]"

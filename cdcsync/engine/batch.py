@@ -8,7 +8,8 @@ back. The driver then merges each sink in its own ledgered transaction (for Clic
 
 Order per batch, per sink: ledger lookup (skip a batch merged before: same id, same offset ranges) -> stage
 (executors) -> merge + ledger row with the ranges (driver). A transient failure anywhere retries the whole
-sequence, which is safe because each step is idempotent.
+sequence, which is safe because each step is idempotent. :func:`stage_batch` stops before the merges, which a
+:class:`StagedBatch` runs: :mod:`cdcsync.runtime.overlap` runs them while the next batch stages.
 """
 
 from __future__ import annotations
@@ -180,13 +181,22 @@ class SinkOutcome:
 
 
 def pending_sinks(
-    sinks: dict[str, BatchSink], batch_id: int, checkpoint_id: str, offsets: OffsetRanges | None
+    sinks: dict[str, BatchSink],
+    batch_id: int,
+    checkpoint_id: str,
+    offsets: OffsetRanges | None,
+    keep: tuple[int, ...] = (),
 ) -> tuple[dict[str, dict[str, Any]], dict[str, BatchSink], dict[str, SinkOutcome]]:
     """Ledger keys, the sinks still to land this batch, and outcomes for those that landed it before (the same
-    batch id and offset ranges)."""
+    batch id and offset ranges). ``keep``: batches whose staged rows a Postgres sink's stage keeps (another batch's
+    merge is still to run, :mod:`cdcsync.runtime.overlap`)."""
     keys = {sink_id: sink.ledger_key(batch_id, checkpoint_id, offsets) for sink_id, sink in sinks.items()}
-    pending = {sink_id: sink for sink_id, sink in sinks.items() if sink.prepare(keys[sink_id])}
+    pending = {sink_id: sink for sink_id, sink in sinks.items() if _prepare(sink, keys[sink_id], keep)}
     return keys, pending, {sink_id: SinkOutcome(skipped=True) for sink_id in sinks.keys() - pending.keys()}
+
+
+def _prepare(sink: BatchSink, key: dict[str, Any], keep: tuple[int, ...]) -> bool:
+    return sink.prepare(key, keep) if isinstance(sink, PostgresUpsertSink) else sink.prepare(key)
 
 
 def raise_reported(reports: list[str], doing: str, pipeline_file: str) -> None:
@@ -261,15 +271,23 @@ def writer_for(sink: ExecutorSink, batch_id: int, checkpoint_id: str) -> Executo
 
 
 def merge_all(
-    pending: dict[str, ExecutorSink], keys: dict[str, dict[str, Any]], staged: dict[str, int]
+    pending: dict[str, ExecutorSink],
+    keys: dict[str, dict[str, Any]],
+    staged: dict[str, int],
+    *,
+    shared_stage: bool = False,
 ) -> dict[str, SinkOutcome]:
-    """Each sink's driver-side merge and ledger row, in its own transaction."""
+    """Each sink's driver-side merge and ledger row, in its own transaction. ``shared_stage``: another batch may
+    be staging into the same stages meanwhile, so a merge empties its stage of its own batch's rows only."""
     outcome: dict[str, SinkOutcome] = {}
     for sink_id, sink in pending.items():
         # ClickHouse: the executors inserted the rows, the merge records the batch; Postgres: the merge checks that
         # the stage holds what the tasks staged, then merges it.
         started = time.monotonic()
-        merged = sink.merge(keys[sink_id], staged[sink_id])
+        if isinstance(sink, PostgresUpsertSink):
+            merged = sink.merge(keys[sink_id], staged[sink_id], shared_stage=shared_stage)
+        else:
+            merged = sink.merge(keys[sink_id], staged[sink_id])
         outcome[sink_id] = SinkOutcome(
             skipped=merged is None,
             rows_staged=staged[sink_id],
@@ -279,7 +297,37 @@ def merge_all(
     return outcome
 
 
-def land_batch(
+@dataclass
+class StagedBatch:
+    """A micro-batch staged into every sink still to land it, their merges still to run (:func:`stage_batch`)."""
+
+    batch_id: int
+    written: dict[str, ExecutorSink]
+    """The sinks the batch was staged into, whose merges are to run."""
+    keys: dict[str, dict[str, Any]]
+    staged: dict[str, int]
+    """Rows the tasks staged, per sink of ``written``."""
+    skipped: dict[str, SinkOutcome]
+    """The sinks that had landed the batch before (the ledger)."""
+    staging_seconds: float = 0.0
+
+    def merge(self, *, shared_stage: bool = False) -> dict[str, SinkOutcome]:
+        """Merge every staged sink (:func:`merge_all`); the outcome of every sink of the batch."""
+        if not self.written:
+            return dict(self.skipped)
+        started = time.monotonic()
+        outcome = {**self.skipped, **merge_all(self.written, self.keys, self.staged, shared_stage=shared_stage)}
+        log.info(
+            "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
+            self.batch_id,
+            self.staging_seconds,
+            {sink_id: o.rows_merged for sink_id, o in outcome.items()},
+            time.monotonic() - started,
+        )
+        return outcome
+
+
+def stage_batch(
     messages: KafkaBatch,
     batch_id: int,
     checkpoint_id: str,
@@ -287,14 +335,17 @@ def land_batch(
     sinks: dict[str, BatchSink],
     pipeline_file: str = "PIPELINE.yaml",
     offsets: OffsetRanges | None = None,
-) -> dict[str, SinkOutcome]:
-    """Land one micro-batch of Kafka messages in every sink; see the module doc.
+    keep: tuple[int, ...] = (),
+) -> StagedBatch:
+    """Look one micro-batch of Kafka messages up in each sink's ledger and stage it into those still to land it.
 
     ``TopicDecoders``: the rows of a ``topic_pattern`` source, each topic landing in its own table's sinks.
-    ``offsets``: the ranges the batch reads, from the checkpoint, recorded with each ledger row."""
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
+    ``offsets``: the ranges the batch reads, from the checkpoint, recorded with each ledger row. ``keep``: batches
+    whose staged rows stay in the stages (their merges are still to run)."""
+    keys, pending, skipped = pending_sinks(sinks, batch_id, checkpoint_id, offsets, keep)
+    # (a pattern source without tables still reads its batch: a new topic stops the run)
     if not pending and (sinks or isinstance(decode, DecodeTask)):
-        return outcome  # (a pattern source without tables still reads its batch: a new topic stops the run)
+        return StagedBatch(batch_id, {}, keys, {}, skipped)
     started = time.monotonic()
     written = executor_sinks(pending)
     writers = tuple(writer_for(sink, batch_id, checkpoint_id) for sink in written.values())
@@ -305,16 +356,23 @@ def land_batch(
     else:
         task = StageTask(decode=decode, writers=writers)
     staged = dict(zip(written, stage(messages, task, batch_id, pipeline_file, decode.wrappers), strict=True))
-    staged_at = time.monotonic()
-    outcome.update(merge_all(written, keys, staged))
-    log.info(
-        "batch %d: decoded and staged in %.2fs, merged %s in %.2fs",
-        batch_id,
-        staged_at - started,
-        {sink_id: o.rows_merged for sink_id, o in outcome.items()},
-        time.monotonic() - staged_at,
-    )
-    return outcome
+    return StagedBatch(batch_id, written, keys, staged, skipped, time.monotonic() - started)
+
+
+def land_batch(
+    messages: KafkaBatch,
+    batch_id: int,
+    checkpoint_id: str,
+    decode: DecodeTask | TopicDecoders,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+    offsets: OffsetRanges | None = None,
+    keep: tuple[int, ...] = (),
+) -> dict[str, SinkOutcome]:
+    """Land one micro-batch of Kafka messages in every sink (see the module doc): :func:`stage_batch`, then the
+    merges."""
+    staged = stage_batch(messages, batch_id, checkpoint_id, decode, sinks, pipeline_file, offsets, keep)
+    return staged.merge(shared_stage=bool(keep))
 
 
 def _routed_topic(sink: ExecutorSink) -> str:

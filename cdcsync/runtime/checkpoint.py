@@ -23,6 +23,7 @@ remove rows legitimately), so that case is not detected: docs/operations.md says
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -296,6 +297,59 @@ def _restore_batch(conn: Any, pipeline: Pipeline, settings: Settings, source_id:
     ends = {topic: {p: end for p, (_start, end) in partitions.items()} for topic, partitions in ranges.items()}
     _write(checkpoint_dir / "offsets" / str(batch_id), f"v1\n{metadata}\n{json.dumps(ends, separators=(',', ':'))}")
     _write(checkpoint_dir / "commits" / str(batch_id), _COMMIT)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A batch committed before its merge (cdcsync.runtime.overlap)
+# ---------------------------------------------------------------------------------------------------------------
+
+UNMERGED_MARKER = "cdcsync-unmerged"
+"""The file, in a source's checkpoint, naming the oldest batch Spark may have committed before its merges ran."""
+
+
+def mark_unmerged(checkpoint_dir: Path, batch_id: int) -> None:
+    """Name ``batch_id`` as the oldest batch that may be committed unmerged, on disk before Spark's commit of it:
+    written aside, synced, renamed over the old marker, and the folder synced."""
+    path = checkpoint_dir / UNMERGED_MARKER
+    aside = checkpoint_dir / f".{UNMERGED_MARKER}.tmp"
+    with aside.open("w") as file:
+        file.write(f"{batch_id}\n")
+        file.flush()
+        os.fsync(file.fileno())
+    aside.replace(path)
+    folder = os.open(checkpoint_dir, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def clear_unmerged(checkpoint_dir: Path) -> None:
+    """Every batch Spark committed is merged (a stale marker only costs a batch read again)."""
+    (checkpoint_dir / UNMERGED_MARKER).unlink(missing_ok=True)
+
+
+def rewind_unmerged(checkpoint_dir: Path) -> int | None:
+    """Before a run: when the last run stopped with a batch committed before its merges ran, delete its commit and
+    everything Spark planned after it, so that Spark runs it again from the same offsets (each sink that merged it
+    skips it by the ledger). The batch, or None when there was none."""
+    path = checkpoint_dir / UNMERGED_MARKER
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    if not text.isdigit():
+        raise CdcsyncError(
+            f"{path} names no batch ({text[:40]!r})",
+            hint="restore it from a backup of the checkpoint, or delete the whole checkpoint folder to read the "
+            "source again from its starting_offsets (the versioned merges make the re-read changes harmless)",
+        )
+    batch_id = int(text)
+    for log, first_removed in (("commits", batch_id), ("offsets", batch_id + 1)):
+        for found in batch_ids(checkpoint_dir, log):
+            if found >= first_removed:
+                _remove(checkpoint_dir / log / str(found))
+    clear_unmerged(checkpoint_dir)
+    return batch_id
 
 
 def _remove(path: Path) -> None:

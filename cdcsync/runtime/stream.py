@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from cdcsync.config.operators import BlackholeSink, KafkaSink, PrintSink, WebhookSink
 from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, KafkaSource, Pipeline, SourceSchema
@@ -48,11 +48,12 @@ from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.db.fence import MergeFence
 from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import RetryBudget, with_retries
-from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch
+from cdcsync.engine.batch import BatchSink, SinkOutcome, StagedBatch, land_batch, stage_batch
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
-from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id
+from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id, rewind_unmerged
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.runtime.metrics import Health
+from cdcsync.runtime.overlap import OverlappedMerges
 from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats, new_progress, record_progress
 from cdcsync.sinks.clickhouse import ClickHouseTableSink, track_positions
 from cdcsync.sinks.console import ConsoleTableSink
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
     from cdcsync.db.ledger import OffsetRanges
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _POLL_SECONDS = 0.5
 _STALLED_S = 30.0
@@ -145,6 +147,9 @@ class BatchHandler:
         """Called before each attempt of a batch: raises when the run no longer holds the pipeline's lock."""
         self.fence: MergeFence | None = None
         """The lock's fence, which every merge transaction of this source's sinks passes (:meth:`fence_sinks`)."""
+        self._record_lock = threading.Lock()
+        self.merges = OverlappedMerges(self.record)
+        """Batches whose merges run on while the next one stages (:mod:`cdcsync.runtime.overlap`)."""
 
     # -- stop protocol -------------------------------------------------------------------------------------
     def request_stop(self, timeout: float | None = None) -> None:
@@ -190,8 +195,13 @@ class BatchHandler:
 
     def _land(
         self, messages: KafkaBatch, batch_id: int, decode: DecodeTask | TopicDecoders, offsets: OffsetRanges | None
-    ) -> dict[str, SinkOutcome]:
+    ) -> dict[str, SinkOutcome] | None:
+        """Land the batch in every sink, with retries; None when its merges run on while the next batch stages
+        (they record the batch when done)."""
         pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
+        if self._overlaps(messages):
+            return self._land_overlapped(messages, batch_id, decode, offsets, pipeline_file)
+        self.merges.settle()  # (a source overlaps all its batches or none, unless schema_evolution changed it)
         if self.graph is None:
             land = functools.partial(
                 land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets
@@ -209,12 +219,53 @@ class BatchHandler:
                 pipeline_file,
                 offsets,
             )
+        return self._retried(land, batch_id)
+
+    def _overlaps(self, messages: KafkaBatch) -> bool:
+        """Whether the batch's merges may run on while the next batch stages (:mod:`cdcsync.runtime.overlap`): the
+        tasks read Kafka by offset ranges (so the batch can be read again), and every sink is a Postgres upsert
+        sink reading the source directly (whose stages tell batches apart)."""
+        overlap = self.settings is not None and self.settings.run.overlap_merges
+        postgres_only = bool(self.sinks) and all(isinstance(sink, PostgresUpsertSink) for sink in self.sinks.values())
+        return overlap and self.graph is None and messages.fetch is not None and postgres_only
+
+    def _land_overlapped(
+        self,
+        messages: KafkaBatch,
+        batch_id: int,
+        decode: DecodeTask | TopicDecoders,
+        offsets: OffsetRanges | None,
+        pipeline_file: str,
+    ) -> dict[str, SinkOutcome] | None:
+        def stage(keep: tuple[int, ...]) -> StagedBatch:
+            staging = functools.partial(
+                stage_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets, keep
+            )
+            return self._retried(staging, batch_id)
+
+        def reland(keep: tuple[int, ...]) -> dict[str, SinkOutcome]:
+            land = functools.partial(
+                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets, keep
+            )
+            return self._retried(land, batch_id)
+
+        return self.merges.land(stage, reland, self.checkpoint_dir)
+
+    def finish(self) -> None:
+        """After the query stopped: the last batch's merges done (a failure becomes the handler's)."""
+        try:
+            self.merges.settle()
+        except CdcsyncError as error:
+            if self.failure is None:
+                self.failure = error.add_context(f"source '{self.source_id}'")
+
+    def _retried(self, land: Callable[[], T], batch_id: int) -> T:
         describe = f"source '{self.source_id}' batch {batch_id}"
         return with_retries(
             functools.partial(self._attempt, land), describe=describe, budget=self.retry_budget, on_wait=self._waiting
         )
 
-    def _attempt(self, land: Callable[[], dict[str, SinkOutcome]]) -> dict[str, SinkOutcome]:
+    def _attempt(self, land: Callable[[], T]) -> T:
         """One attempt of the batch, after the lock check: a retry after Postgres came back takes the lock again
         (its session ended with the server) before it stages."""
         if self.lock_guard is not None:
@@ -304,7 +355,11 @@ class BatchHandler:
         return change.source_id, evolved, f"gained column(s) {', '.join(change.added)}"
 
     def record(self, outcome: dict[str, SinkOutcome], batch_id: int) -> None:
-        """A landed batch in the figures the live view shows."""
+        """A landed batch in the figures the live view shows (from the batch's thread, or its merges')."""
+        with self._record_lock:
+            self._record(outcome, batch_id)
+
+    def _record(self, outcome: dict[str, SinkOutcome], batch_id: int) -> None:
         for sink_id, result in outcome.items():
             stats = self.sink_stats.setdefault(sink_id, SinkStats())  # new: a table schema_evolution added
             stats.batches += 1
@@ -342,6 +397,7 @@ class BatchHandler:
                 outcome = self._land(messages, batch_id, decode, offsets)
                 break
             except (SchemaChangeError, NewTopicError) as change:
+                self.merges.settle()  # the migration alters the tables they merge into
                 evolutions += 1
                 auto = self.source.schema_evolution == "auto" and self.settings is not None
                 additive = isinstance(change, NewTopicError) or change.additive
@@ -353,7 +409,8 @@ class BatchHandler:
         self.stats.rows_in += messages.messages  # Spark's progress counts none of what the tasks read
         if met is not None:
             self.wrappers.learn(met.value)
-        self.record(outcome, batch_id)
+        if outcome is not None:
+            self.record(outcome, batch_id)
         took = time.monotonic() - started
         self.stats.durations.observe(took)
         if messages.fetch is not None:
@@ -472,11 +529,22 @@ class PipelineRunner:
 
     def check_ledger(self) -> None:
         """Refuse (exit 2) when a source's checkpoint has committed batches a sink's ledger lacks (the target went
-        back in time, or the sink was added later): :mod:`cdcsync.runtime.checkpoint`. Once per run; the CLI calls
-        it before Spark starts."""
+        back in time, or the sink was added later): :mod:`cdcsync.runtime.checkpoint`. First, a batch the last run
+        left committed before its merges ran (:mod:`cdcsync.runtime.overlap`) is made to run again. Once per run;
+        the CLI calls it before Spark starts."""
         if self._ledger_checked:
             return
         import psycopg
+
+        for source_id in self.pipeline.streams():
+            again = rewind_unmerged(self.settings.checkpoint_dir(self.pipeline.name, source_id))
+            if again is not None:
+                log.warning(
+                    "source '%s': the last run stopped before batch %d's merges were done; running it again from "
+                    "the same offsets (sinks that merged it skip it)",
+                    source_id,
+                    again,
+                )
 
         try:
             with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
@@ -511,6 +579,8 @@ class PipelineRunner:
                 for query in self.queries.values():
                     if query.isActive:
                         query.stop()
+                for source_handler in self.handlers.values():
+                    source_handler.finish()  # the last batch's merges (overlapped ones run on after Spark's commit)
                 if self._stop_deadline is not None:
                     self._stop_deadline.cancel()  # stopped in time
         self._raise_failures()

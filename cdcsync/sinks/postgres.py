@@ -258,6 +258,8 @@ class PostgresUpsertSink(LedgeredSink):
         self._copy_sql = render("postgres/runtime/stage_copy.sql.j2", **template_values)
         self._truncate_sql = render("postgres/runtime/stage_truncate.sql.j2", **template_values)
         self._stage_any_sql = render("postgres/runtime/stage_any.sql.j2", **template_values)
+        self._stage_clear_sql = render("postgres/runtime/stage_clear.sql.j2", **template_values)
+        self._delete_batch_sql = render("postgres/runtime/stage_delete_batch.sql.j2", **template_values)
         self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
         self._end_sql = _split_statements(self._truncate_sql)
@@ -273,19 +275,22 @@ class PostgresUpsertSink(LedgeredSink):
     def target_name(self) -> str:
         return f"{self.sink.schema_}.{self.sink.table}"
 
-    def prepare(self, ledger_key: dict[str, Any]) -> bool:
+    def prepare(self, ledger_key: dict[str, Any], keep: tuple[int, ...] = ()) -> bool:
         """False when the ledger already holds this batch (same offset ranges); else empty the stage of a crashed
-        attempt's rows. The merge empties it, so it is nearly always empty already: a TRUNCATE of an empty table
-        still writes new files (and syncs the init fork of an UNLOGGED one), the most expensive statement of a small
-        batch, so it runs only when there is something to remove."""
+        attempt's rows, all but those of the batches in ``keep`` (staged, their merges still to run). The merge
+        empties it, so it is nearly always empty already: a TRUNCATE of an empty table still writes new files (and
+        syncs the init fork of an UNLOGGED one), the most expensive statement of a small batch, so it runs only when
+        there is something to remove."""
         import psycopg
 
         try:
             with reused_connection(self.dsn) as conn:
-                if self.landed(conn, ledger_key):
+                if self.landed(conn, ledger_key, keep):
                     return False
-                found = conn.execute(self._stage_any_sql).fetchone()
-                if found is None or found[0]:
+                found = conn.execute(self._stage_any_sql, {"keep": list(keep)}).fetchone()
+                if (found is None or found[0]) and keep:
+                    conn.execute(self._stage_clear_sql, {"keep": list(keep)})
+                elif found is None or found[0]:
                     conn.execute(self._truncate_sql)
         except psycopg.Error as error:
             raise self._error(f"preparing batch {ledger_key['batch_id']}", error) from None
@@ -304,12 +309,14 @@ class PostgresUpsertSink(LedgeredSink):
             lone_sql=self._lone_sql,
         )
 
-    def merge(self, ledger_key: dict[str, Any], rows_staged: int) -> int | None:
+    def merge(self, ledger_key: dict[str, Any], rows_staged: int, *, shared_stage: bool = False) -> int | None:
         """Merge the staged batch and record it (with its offset ranges) in the ledger, in one transaction; None if
         another attempt merged it (the same ranges) first.
 
         ``rows_staged``: what the tasks reported they COPYed. A stage holding another number (emptied by a crash
-        of Postgres, or written twice by a retried task) is not merged: the retriable error stages it again."""
+        of Postgres, or written twice by a retried task) is not merged: the retriable error stages it again.
+        ``shared_stage``: the next batch may be staging meanwhile, so the merge deletes its own rows from the stage
+        instead of truncating it."""
         import psycopg
 
         batch_id = ledger_key["batch_id"]
@@ -330,8 +337,11 @@ class PostgresUpsertSink(LedgeredSink):
                         merged += max(cursor.rowcount, 0)
                 conn.execute(self._position_record_sql, {"batch_id": batch_id})
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})
-                for statement in self._end_sql:
-                    conn.execute(statement)
+                if shared_stage:
+                    conn.execute(self._delete_batch_sql, {"batch_id": batch_id})
+                else:
+                    for statement in self._end_sql:
+                        conn.execute(statement)
         except _AlreadyMerged:
             return None
         except psycopg.Error as error:

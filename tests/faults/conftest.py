@@ -134,7 +134,9 @@ def fault_workload(
     """Makes the seeded workload on the test's services (a module overrides ``postgres_dsn``, ``kafka_bootstrap``
     or ``clickhouse_database`` to put the one it faults on the private stack)."""
 
-    def make(*, changes: int, seed: int, max_offsets: int, keys: int | None = None) -> FaultWorkload:
+    def make(
+        *, changes: int, seed: int, max_offsets: int, keys: int | None = None, clickhouse_sink: bool = True
+    ) -> FaultWorkload:
         return prepare_workload(
             make_project,
             postgres_dsn,
@@ -145,6 +147,7 @@ def fault_workload(
             keys=keys or max(changes // 8, 500),
             seed=seed,
             max_offsets=max_offsets,
+            clickhouse_sink=clickhouse_sink,
         )
 
     return make

@@ -91,6 +91,7 @@ class FaultWorkload:
     dsn: str
     clickhouse: ClickHouseDatabase
     pipeline: str
+    sinks: tuple[str, ...] = SINKS
 
     @property
     def sent(self) -> int:
@@ -129,10 +130,11 @@ class FaultWorkload:
         """(lost, applied twice, what was wrong) over every target and the ledger."""
         lost, twice, problems = 0, 0, []
         expected = self.load.expected
-        for name, actual in (
-            ("mirror", mirror_rows(self.dsn, "app", "Orders Mirror", COLUMNS)),
-            ("orders_ch", clickhouse_rows(self.clickhouse)),
-        ):
+        targets = [("mirror", lambda: mirror_rows(self.dsn, "app", "Orders Mirror", COLUMNS))]
+        if "orders_ch" in self.sinks:
+            targets.append(("orders_ch", lambda: clickhouse_rows(self.clickhouse)))
+        for name, read in targets:
+            actual = read()
             wrong = (actual.keys() ^ expected.keys()) | {
                 key for key in actual.keys() & expected.keys() if actual[key] != expected[key]
             }
@@ -161,7 +163,9 @@ class FaultWorkload:
                 problems.append(f"ledger of {sink}: {repeated} batch id(s) twice, {gaps} missing")
         # Rows the ledger says were written but the table lacks show in the FINAL comparison above; fewer raw rows
         # can also mean merges ran (a restarted server forgets SYSTEM STOP MERGES), so only a surplus counts here.
-        surplus = raw_rows(self.clickhouse) - ledger_rows_written(self.dsn, self.pipeline, "orders_ch")
+        surplus = 0
+        if "orders_ch" in self.sinks:
+            surplus = raw_rows(self.clickhouse) - ledger_rows_written(self.dsn, self.pipeline, "orders_ch")
         if surplus > 0:
             problems.append(f"orders_ch: {surplus} raw row(s) more than the ledger says its batches wrote")
             twice += surplus
@@ -172,14 +176,17 @@ class FaultWorkload:
         lost, twice, problems = self.check()
         figures = record(Figures(fault, injected, self.sent, lost, twice, recover_s))
         assert (lost, twice) == (0, 0), problems
-        assert set(ledger_batches(self.dsn, self.pipeline)) == set(SINKS)
+        assert set(ledger_batches(self.dsn, self.pipeline)) == set(self.sinks)
         return figures
 
 
-def fault_pipeline(topic: str, database: str, *, max_offsets: int) -> dict[str, Any]:
-    """Mirror, aggregation and ClickHouse sinks on one topic; the name is unique (ClickHouse's migration ledger is
-    shared by the session)."""
+def fault_pipeline(topic: str, database: str, *, max_offsets: int, clickhouse: bool = True) -> dict[str, Any]:
+    """Mirror, aggregation and (unless ``clickhouse`` is false) ClickHouse sinks on one topic; the name is unique
+    (ClickHouse's migration ledger is shared by the session). Postgres sinks alone merge a batch while the next one
+    stages (``run.overlap_merges``)."""
     pipeline = clickhouse_pipeline(topic, database, with_mirror=True, max_offsets=max_offsets)
+    if not clickhouse:
+        del pipeline["sinks"]["orders_ch"]
     pipeline["name"] = f"fault_{uuid.uuid4().hex[:10]}"
     pipeline["sinks"]["revenue"] = {
         "type": "postgres_aggregate",
@@ -204,13 +211,15 @@ def prepare_workload(
     keys: int,
     seed: int,
     max_offsets: int,
+    clickhouse_sink: bool = True,
 ) -> FaultWorkload:
     """Generate and produce the seeded stream, write the project and apply its migrations; ClickHouse's background
     merges are stopped so its raw row count stays exact."""
     load = workload.generate(changes, keys, seed=seed, wrapped=True)
     workload.produce(bootstrap, topic, load.events)
-    pipeline = fault_pipeline(topic, clickhouse.database, max_offsets=max_offsets)
+    pipeline = fault_pipeline(topic, clickhouse.database, max_offsets=max_offsets, clickhouse=clickhouse_sink)
     project = with_clickhouse(make_project(pipeline), clickhouse)
     project.prepare()
     stop_merges(clickhouse)
-    return FaultWorkload(load, project, dsn, clickhouse, pipeline["name"])
+    sinks = SINKS if clickhouse_sink else tuple(sink for sink in SINKS if sink != "orders_ch")
+    return FaultWorkload(load, project, dsn, clickhouse, pipeline["name"], sinks)

@@ -1,6 +1,9 @@
 """``cdcsync run`` SIGKILLed (with its JVM) at random moments, again and again: decoding, staging, merging,
 committing the checkpoint. Each restart replays the batch in flight; the ledger skips what landed, ClickHouse's
-insert tokens drop what was inserted twice. ``make test`` kills 5 times, ``make soak`` 100 times in 1M changes."""
+insert tokens drop what was inserted twice. ``make test`` kills 5 times, ``make soak`` 100 times in 1M changes.
+
+Without the ClickHouse sink, a batch's merges run while the next batch stages (``run.overlap_merges``), so a kill
+also lands between Spark's commit of a batch and the end of its merges: the restart runs that batch again."""
 
 from __future__ import annotations
 
@@ -9,24 +12,41 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import psycopg
 import pytest
 
+from cdcsync.runtime.checkpoint import UNMERGED_MARKER, last_committed
+from tests.e2e.conftest import ledger_batches
 from tests.faults.harness import BOUND_S, FaultWorkload
 
 
 @pytest.mark.parametrize(
-    ("changes", "kills", "max_offsets", "drain_bound_s"),
+    ("changes", "kills", "max_offsets", "drain_bound_s", "clickhouse_sink"),
     [
-        pytest.param(6_000, 5, 700, BOUND_S, id="short"),
+        pytest.param(6_000, 5, 700, BOUND_S, True, id="short"),
+        pytest.param(6_000, 5, 700, BOUND_S, False, id="short-merges-overlapped"),
         # the last run drains what 100 lives left: hundreds of thousands of changes, more than one command's bound
-        pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, id="soak", marks=pytest.mark.soak),
+        pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, True, id="soak", marks=pytest.mark.soak),
+        pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, False, id="soak-merges-overlapped", marks=pytest.mark.soak),
     ],
 )
 def test_run_sigkilled_at_random_moments(
-    fault_workload: Callable[..., FaultWorkload], changes: int, kills: int, max_offsets: int, drain_bound_s: float
+    fault_workload: Callable[..., FaultWorkload],
+    changes: int,
+    kills: int,
+    max_offsets: int,
+    drain_bound_s: float,
+    clickhouse_sink: bool,
 ) -> None:
-    faulted = fault_workload(changes=changes, keys=max(changes // 10, 500), seed=2026, max_offsets=max_offsets)
+    faulted = fault_workload(
+        changes=changes,
+        keys=max(changes // 10, 500),
+        seed=2026,
+        max_offsets=max_offsets,
+        clickhouse_sink=clickhouse_sink,
+    )
     rng = random.Random(2026)
     recoveries = []
     for _ in range(kills):
@@ -40,4 +60,40 @@ def test_run_sigkilled_at_random_moments(
     started = time.monotonic()
     faulted.run(timeout=drain_bound_s)
     recoveries.append(time.monotonic() - started)
-    faulted.assert_exact("cdcsync run SIGKILLed", kills, max(recoveries))
+    what = "cdcsync run SIGKILLed" + ("" if clickhouse_sink else " (merges overlapped)")
+    faulted.assert_exact(what, kills, max(recoveries))
+
+
+def test_run_sigkilled_after_spark_committed_a_batch_its_merges_had_not_landed(
+    fault_workload: Callable[..., FaultWorkload], postgres_dsn: str
+) -> None:
+    """Deterministic: the mirror is locked, so a batch's overlapped merges wait while Spark commits the batch and
+    the next one stages; the run is killed there. The restart must run that batch again (the checkpoint's marker),
+    not skip it, and not refuse to start because the ledger lacks a batch the checkpoint committed."""
+    faulted = fault_workload(changes=6_000, keys=600, seed=7, max_offsets=700, clickhouse_sink=False)
+    checkpoint = faulted.project.root / "state" / "checkpoints" / faulted.pipeline / "orders"
+    marker = checkpoint / UNMERGED_MARKER
+    process = faulted.start()
+    faulted.wait_batches(2, process)  # both sinks have batch 0
+    with psycopg.connect(postgres_dsn) as blocker:
+        blocker.execute('LOCK TABLE app."Orders Mirror" IN EXCLUSIVE MODE')  # reads go on, the merge's writes wait
+        deadline = time.monotonic() + BOUND_S
+        while (unmerged := _marked(marker)) is None or last_committed(checkpoint) < unmerged:
+            assert process.poll() is None, "the run ended before a batch was committed with its merges held"
+            assert time.monotonic() < deadline, "Spark committed no batch while the mirror was locked"
+            time.sleep(0.05)
+        assert unmerged not in ledger_batches(postgres_dsn, faulted.pipeline)["mirror"]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    rerun = faulted.run()
+    assert "running it again from the same offsets" in rerun.stderr, rerun.stderr[-4000:]
+    assert not marker.exists()
+    faulted.assert_exact("cdcsync run SIGKILLed, a batch committed before its merges", 1, None)
+
+
+def _marked(marker: Path) -> int | None:
+    """The batch the checkpoint's marker names, if there is one now (the run removes it as merges end)."""
+    try:
+        return int(marker.read_text())
+    except FileNotFoundError:
+        return None

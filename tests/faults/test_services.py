@@ -121,3 +121,27 @@ def test_postgres_clickhouse_and_kafka_fail_under_one_run(
     faulted.assert_exact(f"target Postgres stopped {stop_s:.0f} s", 1, postgres_stopped)
     faulted.assert_exact(f"ClickHouse stopped {stop_s:.0f} s", 1, clickhouse_stopped)
     faulted.assert_exact("Kafka broker SIGKILLed, restarted after 2 s", 1, broker_killed)
+
+
+def test_postgres_crashes_while_overlapped_merges_run(
+    fault_workload: Callable[..., FaultWorkload], fault_stack: FaultStack, postgres_dsn: str
+) -> None:
+    """Postgres sinks alone: a batch's merges run while the next batch stages (``run.overlap_merges``). Postgres
+    SIGKILLed during a merge (taking the next batch's staged rows with the UNLOGGED stages), twice, then stopped:
+    each failed merge is landed again, staging and all, before the next batch's merges, and nothing is lost."""
+    faulted = fault_workload(changes=12_000, seed=151, max_offsets=600, clickhouse_sink=False)
+    faulted.project.env["CDCSYNC__RETRY__BUDGET_S"] = "95"
+    admin = fault_stack.service("postgres").address
+    database = str(conninfo_to_dict(postgres_dsn)["dbname"])
+    process = faulted.start()
+    faulted.wait_batches(1, process)
+    recoveries = []
+    for _ in range(2):
+        wait_for_statement(admin, database, '%"_cdcsync_batch"%', process)  # a batch's merges run
+        fault_stack.kill("postgres")
+        recoveries.append(faulted.moving_again(fault_stack.restart("postgres"), process))
+    fault_stack.stop("postgres")
+    time.sleep(5.0)
+    recoveries.append(faulted.moving_again(fault_stack.restart("postgres"), process))
+    faulted.finish(process)
+    faulted.assert_exact("target Postgres SIGKILLed in overlapped merges, then stopped 5 s", 3, max(recoveries))

@@ -16,6 +16,7 @@ import pytest
 from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import Pipeline
+from cdcsync.core.errors import CheckpointAheadError
 from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
 
@@ -615,3 +616,36 @@ def test_backfilled_rows_rank_below_every_streamed_change(sink: PostgresUpsertSi
     land(sink, 5, [truncate(position(6000, 6010))])
     land(sink, 6, [change("c", 6, first, "backfill after the truncate")])
     assert live(sink) == {}
+
+
+def test_a_batch_stages_while_the_one_before_merges(sink: PostgresUpsertSink) -> None:
+    """``run.overlap_merges``: batch 1 is prepared and staged while batch 0 is staged, not yet merged; neither
+    wipes the other's rows from the shared stage, each merge removes only its own, and the ledger's check for a
+    lost previous batch waits for the one still merging."""
+    key0, key1 = sink.ledger_key(0, "cp"), sink.ledger_key(1, "cp")
+    assert sink.prepare(key0)
+    staged0 = sink.stage_writer(0).stage(pa.Table.from_pylist([change("c", 1, 10, "a")], schema=SCHEMA))
+    # a crashed attempt of batch 1 left a row: preparing batch 1 removes it, and keeps batch 0's
+    sink.stage_writer(1).stage(pa.Table.from_pylist([change("c", 9, 5, "crashed")], schema=SCHEMA))
+    assert sink.prepare(key1, keep=(0,))
+    staged1 = sink.stage_writer(1).stage(
+        pa.Table.from_pylist([change("u", 1, 20, "b"), change("c", 2, 15)], schema=SCHEMA)
+    )
+    assert sink.merge(key0, staged0, shared_stage=True) == 1
+    assert live(sink)[1]["Name"] == "a" and set(live(sink)) == {1}
+    assert sink.merge(key1, staged1, shared_stage=True) == 2
+    assert live(sink)[1]["Name"] == "b" and set(live(sink)) == {1, 2}
+    with psycopg.connect(sink.dsn) as conn:
+        stage = sink._count_sql.split("FROM ")[1].split(" WHERE")[0]
+        assert conn.execute(f"SELECT count(*) FROM {stage}").fetchone() == (0,)
+
+
+def test_a_lost_previous_batch_is_still_found_while_another_merges(sink: PostgresUpsertSink) -> None:
+    """Batch 3 prepared while batch 2 merges: the ledger need not have 2 yet, but it must have 1."""
+    for batch_id in (0, 1):
+        land(sink, batch_id, [change("c", batch_id + 1, 10)])
+    assert sink.prepare(sink.ledger_key(3, "cp"), keep=(2,))
+    with psycopg.connect(sink.dsn) as conn:  # the target went back in time: it lost batch 1
+        conn.execute("DELETE FROM cdcsync.batch_ledger WHERE sink = %s AND batch_id = 1", (sink.sink_id,))
+    with pytest.raises(CheckpointAheadError, match="lacks batch 1"):
+        sink.prepare(sink.ledger_key(3, "cp"), keep=(2,))
