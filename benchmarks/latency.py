@@ -115,6 +115,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--trigger-interval-s", type=float, help="the run's run.trigger_interval_s (default: the product's, 1 s)"
     )
+    parser.add_argument(
+        "--no-overlap-merges",
+        action="store_true",
+        help="run.overlap_merges false: each batch merged before the next one starts (to compare)",
+    )
     add_spark_conf_argument(parser)
     parser.add_argument(
         "--window-s",
@@ -269,6 +274,8 @@ def _measure(
     env = cli_env(root, dsn, bootstrap, dict(args.spark_conf))
     if args.trigger_interval_s is not None:
         env["CDCSYNC__RUN__TRIGGER_INTERVAL_S"] = str(args.trigger_interval_s)
+    if args.no_overlap_merges:
+        env["CDCSYNC__RUN__OVERLAP_MERGES"] = "false"
     pipeline_file = write_mirror_pipeline(root, "latency", topic, load.columns)
     init_and_migrate(pipeline_file, env)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -334,6 +341,7 @@ def report(
     print(f"format:                      {'schema-wrapped JSON' if args.wrapped else 'bare JSON'}")
     trigger = 1.0 if args.trigger_interval_s is None else args.trigger_interval_s
     print(f"trigger interval:            {trigger:g} s")
+    print(f"merges overlapped:           {'no' if args.no_overlap_merges else 'yes'}")
     print(f"produced:                    {messages:,} messages in {produce_s:.1f} s ({messages / produce_s:,.0f}/s)")
     print(f"producer behind schedule:    {behind_max_s * 1000:,.0f} ms at worst")
     print(f"rows timed (ins/upd seen):   {len(ordered):,}")
