@@ -142,9 +142,9 @@ class RunSettings(_Section):
 
     overlap_merges: bool = True
     """Merge a batch into its Postgres sinks while the next batch is read and staged (a source whose sinks are all
-    ``type: postgres`` and read it directly): the merge is one Postgres backend's work, which otherwise leaves a
-    core idle. Exactly-once either way (docs/exactly-once.md, "Overlapped merges"); false merges each batch before
-    the next one starts."""
+    ``type: postgres`` or ``postgres_aggregate`` and which fills no dynamic table): the merge is one Postgres
+    backend's work, which otherwise leaves a core idle. Exactly-once either way (docs/exactly-once.md, "Overlapped
+    merges"); false merges each batch before the next one starts."""
 
 
 class SparkSettings(_Section):

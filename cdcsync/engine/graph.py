@@ -41,7 +41,9 @@ from cdcsync.core.worker_heap import freeze_long_lived
 from cdcsync.db.ledger import OffsetRanges
 from cdcsync.engine.batch import (
     BatchSink,
+    ExecutorSink,
     SinkOutcome,
+    StagedBatch,
     StageRowsTask,
     executor_sinks,
     job_error,
@@ -315,15 +317,53 @@ def land_graph_batch(
     sinks: dict[str, BatchSink],
     pipeline_file: str = "PIPELINE.yaml",
     offsets: OffsetRanges | None = None,
+    keep: tuple[int, ...] = (),
 ) -> dict[str, SinkOutcome]:
-    """Land one micro-batch of Kafka rows through the source's transforms and dynamic tables; see the module doc."""
+    """Land one micro-batch of Kafka rows through the source's transforms and dynamic tables; see the module doc.
+    ``keep``: batches whose staged rows stay in the stages (:func:`~cdcsync.engine.batch.stage_batch`)."""
+    decoded = _decoding(messages, batch_id, decode, graph, pipeline_file)
+    return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets, keep)
+
+
+def stage_graph_batch(
+    messages: KafkaBatch,
+    batch_id: int,
+    checkpoint_id: str,
+    decode: DecodeTask,
+    graph: SourceGraph,
+    sinks: dict[str, BatchSink],
+    pipeline_file: str = "PIPELINE.yaml",
+    offsets: OffsetRanges | None = None,
+    keep: tuple[int, ...] = (),
+) -> StagedBatch:
+    """Steps 1 to 4 of the module doc but the merges, which the :class:`~cdcsync.engine.batch.StagedBatch` runs:
+    for a graph without side outputs (no dynamic table this batch fills, which the next batch's transforms would
+    have to see merged) whose sinks the executors write (:mod:`cdcsync.runtime.overlap`)."""
+    assert not graph.fills, "a side output's keys must land before the next batch's transforms read them"
+    keys, pending, skipped = pending_sinks(sinks, batch_id, checkpoint_id, offsets, keep)
+    if not pending:
+        return StagedBatch(batch_id, {}, keys, {}, skipped)
+    started = time.monotonic()
+    changes = _decoding(messages, batch_id, decode, graph, pipeline_file)(pending)
+    try:
+        lake, written, staged = _stage_changes(changes, batch_id, checkpoint_id, graph, pending, offsets, pipeline_file)
+    finally:
+        changes.release()
+    assert not lake, "Delta sinks are merged from the batch's DataFrame, on the batch's thread"
+    return StagedBatch(batch_id, written, keys, staged, skipped, time.monotonic() - started)
+
+
+def _decoding(
+    messages: KafkaBatch, batch_id: int, decode: DecodeTask, graph: SourceGraph, pipeline_file: str
+) -> Callable[[dict[str, BatchSink]], _Cached | _DecodedInPass]:
+    """How a Kafka batch's changes are had for the sinks still to land it: decoded in the staging pass, or cached."""
 
     def decoded(pending: dict[str, BatchSink]) -> _Cached | _DecodedInPass:
         if _one_pass(graph, pending):
             return _DecodedInPass.of(messages, decode, batch_id, pipeline_file)
         return _decode(messages, decode, batch_id, pipeline_file)
 
-    return _land_through_graph(decoded, "decoded", batch_id, checkpoint_id, graph, sinks, pipeline_file, offsets)
+    return decoded
 
 
 def land_graph_rows(
@@ -362,17 +402,18 @@ def _land_through_graph(
     sinks: dict[str, BatchSink],
     pipeline_file: str,
     offsets: OffsetRanges | None,
+    keep: tuple[int, ...] = (),
 ) -> dict[str, SinkOutcome]:
     """The ledger lookups, then ``changes_of(pending sinks)`` (only when a sink or side output still needs the
     batch, so a batch every sink holds is not read), the steps after it, the release of its cache."""
-    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets)
+    keys, pending, outcome = pending_sinks(sinks, batch_id, checkpoint_id, offsets, keep)
     if not pending and not graph.fills:
         return outcome
     started = time.monotonic()
     changes = changes_of(pending)
     try:
         staged_at = _land_changes(
-            changes, batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file
+            changes, batch_id, checkpoint_id, graph, keys, pending, outcome, offsets, pipeline_file, bool(keep)
         )
     finally:
         changes.release()
@@ -398,9 +439,34 @@ def _land_changes(
     outcome: dict[str, SinkOutcome],
     offsets: OffsetRanges | None,
     pipeline_file: str,
+    shared_stage: bool = False,
 ) -> float:
     """Steps 3 to 5 of the module doc over the batch's change rows; fills ``outcome`` and returns when the staging
     ended."""
+    lake, written, staged = _stage_changes(batch, batch_id, checkpoint_id, graph, pending, offsets, pipeline_file)
+    staged_at = time.monotonic()
+    outcome.update(merge_all(written, keys, staged, shared_stage=shared_stage))
+    spark = batch.changes.sparkSession
+    for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
+        merged = sink.merge_changes(keys[sink_id], spark.table(input_view(graph.sink_inputs[sink_id])))
+        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_merged=merged or 0)
+    for table_id, table in graph.tables.items():
+        if table_id in graph.fills and table.in_memory:
+            table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
+    return staged_at
+
+
+def _stage_changes(
+    batch: _Cached | _DecodedInPass,
+    batch_id: int,
+    checkpoint_id: str,
+    graph: SourceGraph,
+    pending: dict[str, BatchSink],
+    offsets: OffsetRanges | None,
+    pipeline_file: str,
+) -> tuple[dict[str, DeltaTableSink], dict[str, ExecutorSink], dict[str, int]]:
+    """Steps 3 and 4 up to the merges: the views, the side outputs' keys in Postgres, each node staged into its
+    sinks. The Delta sinks (merged from the views later), the staged sinks and the rows each staged."""
     spark = batch.changes.sparkSession  # the query's own session: its temp views are invisible to other queries
     _register_views(spark, graph, batch.changes, checkpoint_id, batch_id)
     for table_id, table in graph.tables.items():
@@ -423,12 +489,4 @@ def _land_changes(
         batch.check(staging_failed=True)  # a decode failure is the user's to fix first, as on the cached path
         raise
     batch.check()
-    staged_at = time.monotonic()
-    outcome.update(merge_all(written, keys, staged))
-    for sink_id, sink in lake.items():  # Spark writes these: one MERGE each, on the driver
-        merged = sink.merge_changes(keys[sink_id], spark.table(input_view(graph.sink_inputs[sink_id])))
-        outcome[sink_id] = SinkOutcome(skipped=merged is None, rows_merged=merged or 0)
-    for table_id, table in graph.tables.items():
-        if table_id in graph.fills and table.in_memory:
-            table.write(spark.table(batch_keys_view(table_id)), checkpoint_id, batch_id)
-    return staged_at
+    return lake, written, staged

@@ -46,7 +46,8 @@ from cdcsync.core.errors import ConfigError, UserError
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, land_rows
 from cdcsync.engine.graph import land_graph_rows
-from cdcsync.runtime.stream import BatchHandler, StopRequested, build_graph, build_sinks, check_delta_tables
+from cdcsync.runtime.stream import BatchHandler, StopRequested
+from cdcsync.runtime.wiring import build_graph, build_sinks, check_delta_tables
 from cdcsync.sources.bounded import Bound, chunk_count, chunk_ranges, clickhouse, delta, postgres, read_ranges
 
 if TYPE_CHECKING:

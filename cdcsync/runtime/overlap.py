@@ -2,7 +2,8 @@
 
 Why: a batch's merges run on the driver, one Postgres backend's work (a third of a bare-JSON run's wall time),
 while the other core waits; the next batch's read, decode and COPY need both cores. So a source whose sinks are
-all Postgres upsert sinks (reading the source directly, the tasks reading Kafka themselves) hands its merges to a
+all Postgres upsert sinks (directly or through SQL transforms, with no dynamic table filled from the source, whose
+keys the next batch's transforms would have to see; the tasks reading Kafka themselves) hands its merges to a
 thread and returns from ``foreachBatch``; Spark commits the batch and starts the next one, whose tasks stage while
 the merges run. Merges stay in batch order, one batch at a time: the next batch waits for them after its staging,
 before its own merges start. Stages hold both batches' rows meanwhile, each merge deleting only its own
@@ -58,7 +59,12 @@ class OverlappedMerges:
     ) -> dict[str, SinkOutcome] | None:
         """Stage a batch (``stage``, with retries, told the batches whose staged rows stay) while the last one's
         merges run, wait for those, then leave the batch's merges running, named first by the marker in the
-        source's checkpoint. None when they run on; the outcome when every sink had the batch."""
+        source's checkpoint. None when they run on; the outcome when every sink had the batch.
+
+        Merges that ended before the batch starts are settled first, so that the stages can be truncated: a merge
+        that overlaps the next batch deletes its rows instead, which leaves dead rows for later scans to read."""
+        if self._merging is not None and self._merging.done:
+            self.settle()
         staged = stage(self.merging)
         self.settle(staged_after=(staged.batch_id,) if staged.written else ())
         if not staged.written:
@@ -94,6 +100,10 @@ class MergeInFlight:
     @property
     def batch_id(self) -> int:
         return self.batch.batch_id
+
+    @property
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
 
     def start(self) -> MergeInFlight:
         self._thread = threading.Thread(target=self._merge, name=f"cdcsync-merge-{self.batch_id}", daemon=True)

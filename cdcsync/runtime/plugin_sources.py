@@ -28,7 +28,8 @@ from cdcsync.config.plugins import operator_of, options_of
 from cdcsync.core.errors import ServiceError
 from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import BatchSink, land_rows
-from cdcsync.runtime.stream import BatchHandler, build_sinks, trigger_interval
+from cdcsync.runtime.stream import BatchHandler, trigger_interval
+from cdcsync.runtime.wiring import build_sinks
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -46,7 +46,7 @@ from cdcsync.db.retry import with_retries
 from cdcsync.engine.batch import land_batch
 from cdcsync.engine.graph import land_graph_batch
 from cdcsync.runtime.lock import PipelineLock
-from cdcsync.runtime.stream import build_graph, build_sinks, decode_specs, source_decoder
+from cdcsync.runtime.wiring import build_graph, build_sinks, decode_specs, source_decoder
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
 from cdcsync.sources.debezium.dispatch import decode_batches
 from cdcsync.sources.kafka import DecodeTask

@@ -38,9 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from cdcsync.config.operators import BlackholeSink, KafkaSink, PrintSink, WebhookSink
-from cdcsync.config.pipeline import ClickHouseSink, DeltaSink, KafkaSource, Pipeline, SourceSchema
-from cdcsync.config.plugins import PluginSink
+from cdcsync.config.pipeline import KafkaSource, Pipeline, SourceSchema
 from cdcsync.config.routing import evolved_lookup, table_source_id
 from cdcsync.config.settings import Settings
 from cdcsync.core.errors import CdcsyncError, NewTopicError, SchemaChangeError, ServiceError
@@ -49,21 +47,23 @@ from cdcsync.db.fence import MergeFence
 from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import RetryBudget, with_retries
 from cdcsync.engine.batch import BatchSink, SinkOutcome, StagedBatch, land_batch, stage_batch
-from cdcsync.engine.graph import SourceGraph, land_graph_batch
+from cdcsync.engine.graph import land_graph_batch, stage_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id, rewind_unmerged
 from cdcsync.runtime.lock import PipelineLock
 from cdcsync.runtime.metrics import Health
 from cdcsync.runtime.overlap import OverlappedMerges
 from cdcsync.runtime.progress import RunSnapshot, SinkStats, SourceStats, new_progress, record_progress
-from cdcsync.sinks.clickhouse import ClickHouseTableSink, track_positions
-from cdcsync.sinks.console import ConsoleTableSink
-from cdcsync.sinks.delta import DeltaTableSink
-from cdcsync.sinks.kafka import KafkaTableSink
-from cdcsync.sinks.plugins import PluginTableSink
+from cdcsync.runtime.wiring import (
+    build_graph,
+    build_sinks,
+    check_delta_tables,
+    decode_specs,
+    retry_budget,
+    source_decoder,
+)
+from cdcsync.sinks.clickhouse import track_positions
 from cdcsync.sinks.postgres import PostgresUpsertSink
-from cdcsync.sinks.webhook import WebhookTableSink
 from cdcsync.sources.debezium.avro_registry import SchemaRegistryAccess
-from cdcsync.sources.debezium.spec import DecodeSpec
 from cdcsync.sources.kafka import (
     BrokerUnavailable,
     DecodeTask,
@@ -198,58 +198,86 @@ class BatchHandler:
     ) -> dict[str, SinkOutcome] | None:
         """Land the batch in every sink, with retries; None when its merges run on while the next batch stages
         (they record the batch when done)."""
-        pipeline_file = str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
-        if self._overlaps(messages):
-            return self._land_overlapped(messages, batch_id, decode, offsets, pipeline_file)
-        self.merges.settle()  # (a source overlaps all its batches or none, unless schema_evolution changed it)
-        if self.graph is None:
-            land = functools.partial(
-                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets
-            )
-        else:
-            assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
-            land = functools.partial(
-                land_graph_batch,
-                messages,
-                batch_id,
-                self.checkpoint_id,
-                decode,
-                self.graph,
-                self.sinks,
-                pipeline_file,
-                offsets,
-            )
-        return self._retried(land, batch_id)
+        if not self._overlaps(messages):
+            self.merges.settle()  # (a source overlaps all its batches or none, unless schema_evolution changed it)
+            return self._retried(self._landing(messages, batch_id, decode, offsets), batch_id)
+
+        def stage(keep: tuple[int, ...]) -> StagedBatch:
+            return self._retried(self._staging(messages, batch_id, decode, offsets, keep), batch_id)
+
+        def reland(keep: tuple[int, ...]) -> dict[str, SinkOutcome]:
+            return self._retried(self._landing(messages, batch_id, decode, offsets, keep), batch_id)
+
+        return self.merges.land(stage, reland, self.checkpoint_dir)
 
     def _overlaps(self, messages: KafkaBatch) -> bool:
         """Whether the batch's merges may run on while the next batch stages (:mod:`cdcsync.runtime.overlap`): the
-        tasks read Kafka by offset ranges (so the batch can be read again), and every sink is a Postgres upsert
-        sink reading the source directly (whose stages tell batches apart)."""
+        tasks read Kafka by offset ranges (so the batch can be read again), every sink is a Postgres upsert sink
+        (whose stages tell batches apart), and no dynamic table is filled from the source (the next batch's
+        transforms would read it before this batch's keys landed)."""
         overlap = self.settings is not None and self.settings.run.overlap_merges
         postgres_only = bool(self.sinks) and all(isinstance(sink, PostgresUpsertSink) for sink in self.sinks.values())
-        return overlap and self.graph is None and messages.fetch is not None and postgres_only
+        no_fills = self.graph is None or not self.graph.fills
+        return overlap and no_fills and messages.fetch is not None and postgres_only
 
-    def _land_overlapped(
+    def _landing(
         self,
         messages: KafkaBatch,
         batch_id: int,
         decode: DecodeTask | TopicDecoders,
         offsets: OffsetRanges | None,
-        pipeline_file: str,
-    ) -> dict[str, SinkOutcome] | None:
-        def stage(keep: tuple[int, ...]) -> StagedBatch:
-            staging = functools.partial(
-                stage_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets, keep
+        keep: tuple[int, ...] = (),
+    ) -> Callable[[], dict[str, SinkOutcome]]:
+        """One attempt at landing the batch: through the source's graph, if it has one."""
+        if self.graph is None:
+            return functools.partial(
+                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
             )
-            return self._retried(staging, batch_id)
+        assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
+        return functools.partial(
+            land_graph_batch,
+            messages,
+            batch_id,
+            self.checkpoint_id,
+            decode,
+            self.graph,
+            self.sinks,
+            self._file,
+            offsets,
+            keep,
+        )
 
-        def reland(keep: tuple[int, ...]) -> dict[str, SinkOutcome]:
-            land = functools.partial(
-                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, pipeline_file, offsets, keep
+    def _staging(
+        self,
+        messages: KafkaBatch,
+        batch_id: int,
+        decode: DecodeTask | TopicDecoders,
+        offsets: OffsetRanges | None,
+        keep: tuple[int, ...],
+    ) -> Callable[[], StagedBatch]:
+        """One attempt at staging the batch, its merges left to run (:meth:`_landing` but the merges)."""
+        if self.graph is None:
+            return functools.partial(
+                stage_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
             )
-            return self._retried(land, batch_id)
+        assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
+        return functools.partial(
+            stage_graph_batch,
+            messages,
+            batch_id,
+            self.checkpoint_id,
+            decode,
+            self.graph,
+            self.sinks,
+            self._file,
+            offsets,
+            keep,
+        )
 
-        return self.merges.land(stage, reland, self.checkpoint_dir)
+    @property
+    def _file(self) -> str:
+        """The pipeline's file, as errors name it."""
+        return str(self.pipeline.path) if self.pipeline.path else "PIPELINE.yaml"
 
     def finish(self) -> None:
         """After the query stopped: the last batch's merges done (a failure becomes the handler's)."""
@@ -685,84 +713,3 @@ def _await_any(queries: Iterable[StreamingQuery], timeout_s: float) -> None:
 def trigger_interval(settings: Settings) -> str:
     """Spark's ``processingTime`` of every query (``run.trigger_interval_s``), in whole milliseconds."""
     return f"{round(settings.run.trigger_interval_s * 1000)} milliseconds"
-
-
-def retry_budget(settings: Settings | None) -> RetryBudget:
-    """The budget ``CDCSYNC__RETRY__BUDGET_S`` sets (the default without settings)."""
-    return RetryBudget() if settings is None else RetryBudget(seconds=settings.retry.budget_s)
-
-
-def build_sinks(pipeline: Pipeline, source_id: str, settings: Settings) -> dict[str, BatchSink]:
-    """Driver side of every sink fed by ``source_id``."""
-    sinks: dict[str, BatchSink] = {}
-    dsn = settings.postgres_dsn
-    for sink_id, sink in pipeline.sinks_of(source_id).items():
-        if isinstance(sink, ClickHouseSink):
-            sinks[sink_id] = ClickHouseTableSink(pipeline, sink_id, sink, dsn, settings.clickhouse_url)
-        elif isinstance(sink, DeltaSink):
-            sinks[sink_id] = DeltaTableSink(pipeline, sink_id, sink, dsn)
-        elif isinstance(sink, PrintSink | BlackholeSink):
-            sinks[sink_id] = ConsoleTableSink(pipeline, sink_id, sink, dsn)
-        elif isinstance(sink, WebhookSink):
-            sinks[sink_id] = WebhookTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
-        elif isinstance(sink, KafkaSink):
-            sinks[sink_id] = KafkaTableSink(pipeline, sink_id, sink, dsn, settings)
-        elif isinstance(sink, PluginSink):
-            sinks[sink_id] = PluginTableSink(pipeline, sink_id, sink, dsn, retry_budget(settings))
-        else:
-            sinks[sink_id] = PostgresUpsertSink(pipeline, sink_id, sink, dsn)
-    return sinks
-
-
-def check_delta_tables(spark: SparkSession, sinks: dict[str, BatchSink]) -> None:
-    """Refuse (exit 2) a Delta sink whose table is missing or lacks a column: read through Spark, so checked only
-    once the session is up, before the sink's first batch."""
-    for sink in sinks.values():
-        if isinstance(sink, DeltaTableSink):
-            sink.check_table(spark)
-
-
-def build_graph(pipeline: Pipeline, source_id: str, dsn: str) -> SourceGraph | None:
-    """The transforms and dynamic tables ``source_id`` feeds; None when its sinks read it directly."""
-    # A sink reading a plugin transform reads the view that transform's chain starts from; the chain runs in the
-    # sink's own executor pass (cdcsync.transforms.plugins).
-    sinks = pipeline.sinks_of(source_id)
-    sink_inputs = {sink_id: pipeline.plan.view_of(sink.from_) for sink_id, sink in sinks.items()}
-    frames = any(isinstance(sink, DeltaSink) for sink in sinks.values())
-    return SourceGraph.of(pipeline, source_id, sink_inputs, dsn, frames=frames)
-
-
-def source_decoder(
-    pipeline: Pipeline,
-    source_id: str,
-    specs: dict[str, DecodeSpec],
-    writer: DeadLetterWriter | None,
-    dead_letters: Accumulator[int] | None = None,
-    wrappers: tuple[bytes, ...] = (),
-    wrappers_met: Accumulator[set[bytes]] | None = None,
-) -> DecodeTask | TopicDecoders:
-    """What decodes ``source_id``'s Kafka rows on the executors: a :class:`DecodeTask`, or one per table of a
-    ``topic_pattern`` source (by topic). ``writer`` None: an undecodable message stops the batch. ``wrappers``:
-    the schema wrappers the batch's messages cross without (:class:`~cdcsync.sources.kafka.KnownWrappers`)."""
-    tasks = {
-        decoded_id: DecodeTask(spec, writer, dead_letters, wrappers=wrappers, wrappers_met=wrappers_met)
-        for decoded_id, spec in specs.items()
-    }
-    route = pipeline.routes.get(source_id)
-    if route is None:
-        return tasks[source_id]
-    return TopicDecoders(source_id, {topic: tasks[table_id] for topic, table_id in route.items()})
-
-
-def decode_specs(
-    pipeline: Pipeline, source_id: str, schema_registry: SchemaRegistryAccess | None
-) -> dict[str, DecodeSpec]:
-    """The decode spec of the source (of each of its tables, for a ``topic_pattern`` source), with the schema
-    types ``init`` recorded (to notice a type change)."""
-    specs = {}
-    for decoded_id in pipeline.routes.get(source_id, {source_id: source_id}).values():
-        schema = pipeline.source_schemas.get(decoded_id)
-        specs[decoded_id] = DecodeSpec.from_source(
-            decoded_id, pipeline.sources[decoded_id], schema_registry, schema.columns if schema is not None else ()
-        )
-    return specs

@@ -277,8 +277,9 @@ class PostgresUpsertSink(LedgeredSink):
 
     def prepare(self, ledger_key: dict[str, Any], keep: tuple[int, ...] = ()) -> bool:
         """False when the ledger already holds this batch (same offset ranges); else empty the stage of a crashed
-        attempt's rows, all but those of the batches in ``keep`` (staged, their merges still to run). The merge
-        empties it, so it is nearly always empty already: a TRUNCATE of an empty table still writes new files (and
+        attempt's rows, all but those of the batches in ``keep`` (staged, their merges still to run), and, with none
+        kept, of the dead rows merges that overlapped the next batch left (``stage_any.sql.j2``). A merge that ran
+        alone truncated it, so it is often empty already: a TRUNCATE of an empty table still writes new files (and
         syncs the init fork of an UNLOGGED one), the most expensive statement of a small batch, so it runs only when
         there is something to remove."""
         import psycopg

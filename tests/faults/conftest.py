@@ -135,7 +135,13 @@ def fault_workload(
     or ``clickhouse_database`` to put the one it faults on the private stack)."""
 
     def make(
-        *, changes: int, seed: int, max_offsets: int, keys: int | None = None, clickhouse_sink: bool = True
+        *,
+        changes: int,
+        seed: int,
+        max_offsets: int,
+        keys: int | None = None,
+        clickhouse_sink: bool = True,
+        transform: bool = False,
     ) -> FaultWorkload:
         return prepare_workload(
             make_project,
@@ -148,6 +154,7 @@ def fault_workload(
             seed=seed,
             max_offsets=max_offsets,
             clickhouse_sink=clickhouse_sink,
+            transform=transform,
         )
 
     return make

@@ -180,13 +180,18 @@ class FaultWorkload:
         return figures
 
 
-def fault_pipeline(topic: str, database: str, *, max_offsets: int, clickhouse: bool = True) -> dict[str, Any]:
+def fault_pipeline(
+    topic: str, database: str, *, max_offsets: int, clickhouse: bool = True, transform: bool = False
+) -> dict[str, Any]:
     """Mirror, aggregation and (unless ``clickhouse`` is false) ClickHouse sinks on one topic; the name is unique
     (ClickHouse's migration ledger is shared by the session). Postgres sinks alone merge a batch while the next one
-    stages (``run.overlap_merges``)."""
+    stages (``run.overlap_merges``). ``transform``: the mirror reads the source through a SQL transform."""
     pipeline = clickhouse_pipeline(topic, database, with_mirror=True, max_offsets=max_offsets)
     if not clickhouse:
         del pipeline["sinks"]["orders_ch"]
+    if transform:
+        pipeline["transforms"] = {"all_orders": {"type": "sql", "sql": "SELECT * FROM orders", "primary_key": "id"}}
+        pipeline["sinks"]["mirror"]["from"] = "all_orders"
     pipeline["name"] = f"fault_{uuid.uuid4().hex[:10]}"
     pipeline["sinks"]["revenue"] = {
         "type": "postgres_aggregate",
@@ -212,12 +217,15 @@ def prepare_workload(
     seed: int,
     max_offsets: int,
     clickhouse_sink: bool = True,
+    transform: bool = False,
 ) -> FaultWorkload:
     """Generate and produce the seeded stream, write the project and apply its migrations; ClickHouse's background
     merges are stopped so its raw row count stays exact."""
     load = workload.generate(changes, keys, seed=seed, wrapped=True)
     workload.produce(bootstrap, topic, load.events)
-    pipeline = fault_pipeline(topic, clickhouse.database, max_offsets=max_offsets, clickhouse=clickhouse_sink)
+    pipeline = fault_pipeline(
+        topic, clickhouse.database, max_offsets=max_offsets, clickhouse=clickhouse_sink, transform=transform
+    )
     project = with_clickhouse(make_project(pipeline), clickhouse)
     project.prepare()
     stop_merges(clickhouse)

@@ -64,13 +64,17 @@ def test_run_sigkilled_at_random_moments(
     faulted.assert_exact(what, kills, max(recoveries))
 
 
+@pytest.mark.parametrize("transform", [False, True], ids=["direct", "through-a-transform"])
 def test_run_sigkilled_after_spark_committed_a_batch_its_merges_had_not_landed(
-    fault_workload: Callable[..., FaultWorkload], postgres_dsn: str
+    fault_workload: Callable[..., FaultWorkload], postgres_dsn: str, transform: bool
 ) -> None:
     """Deterministic: the mirror is locked, so a batch's overlapped merges wait while Spark commits the batch and
     the next one stages; the run is killed there. The restart must run that batch again (the checkpoint's marker),
-    not skip it, and not refuse to start because the ledger lacks a batch the checkpoint committed."""
-    faulted = fault_workload(changes=6_000, keys=600, seed=7, max_offsets=700, clickhouse_sink=False)
+    not skip it, and not refuse to start because the ledger lacks a batch the checkpoint committed. The mirror
+    reads the source directly, or through a SQL transform (the graph path)."""
+    faulted = fault_workload(
+        changes=6_000, keys=600, seed=7, max_offsets=700, clickhouse_sink=False, transform=transform
+    )
     checkpoint = faulted.project.root / "state" / "checkpoints" / faulted.pipeline / "orders"
     marker = checkpoint / UNMERGED_MARKER
     process = faulted.start()
@@ -88,7 +92,8 @@ def test_run_sigkilled_after_spark_committed_a_batch_its_merges_had_not_landed(
     rerun = faulted.run()
     assert "running it again from the same offsets" in rerun.stderr, rerun.stderr[-4000:]
     assert not marker.exists()
-    faulted.assert_exact("cdcsync run SIGKILLed, a batch committed before its merges", 1, None)
+    what = "cdcsync run SIGKILLed, a batch committed before its merges" + (", through a transform" if transform else "")
+    faulted.assert_exact(what, 1, None)
 
 
 def _marked(marker: Path) -> int | None:

@@ -24,7 +24,7 @@ from cdcsync.engine import graph as graph_module
 from cdcsync.engine.batch import BatchSink
 from cdcsync.engine.graph import SourceGraph, land_graph_batch
 from cdcsync.migrations import POSTGRES
-from cdcsync.runtime.stream import build_graph, decode_specs
+from cdcsync.runtime.wiring import build_graph, decode_specs
 from cdcsync.sinks.postgres import PostgresUpsertSink
 from cdcsync.sources.kafka import DecodeTask
 from cdcsync.sources.kafka_fetch import KafkaBatch
