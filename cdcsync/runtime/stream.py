@@ -229,23 +229,7 @@ class BatchHandler:
         keep: tuple[int, ...] = (),
     ) -> Callable[[], dict[str, SinkOutcome]]:
         """One attempt at landing the batch: through the source's graph, if it has one."""
-        if self.graph is None:
-            return functools.partial(
-                land_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
-            )
-        assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
-        return functools.partial(
-            land_graph_batch,
-            messages,
-            batch_id,
-            self.checkpoint_id,
-            decode,
-            self.graph,
-            self.sinks,
-            self._file,
-            offsets,
-            keep,
-        )
+        return self._on_batch(land_batch, land_graph_batch, messages, batch_id, decode, offsets, keep)
 
     def _staging(
         self,
@@ -256,13 +240,25 @@ class BatchHandler:
         keep: tuple[int, ...],
     ) -> Callable[[], StagedBatch]:
         """One attempt at staging the batch, its merges left to run (:meth:`_landing` but the merges)."""
+        return self._on_batch(stage_batch, stage_graph_batch, messages, batch_id, decode, offsets, keep)
+
+    def _on_batch(
+        self,
+        plain: Callable[..., T],
+        through_graph: Callable[..., T],
+        messages: KafkaBatch,
+        batch_id: int,
+        decode: DecodeTask | TopicDecoders,
+        offsets: OffsetRanges | None,
+        keep: tuple[int, ...],
+    ) -> Callable[[], T]:
         if self.graph is None:
             return functools.partial(
-                stage_batch, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
+                plain, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
             )
         assert isinstance(decode, DecodeTask), "sources with transforms read one topic"
         return functools.partial(
-            stage_graph_batch,
+            through_graph,
             messages,
             batch_id,
             self.checkpoint_id,
