@@ -46,7 +46,7 @@ from cdcsync.db.dead_letters import DeadLetterWriter
 from cdcsync.db.fence import MergeFence
 from cdcsync.db.ledger import fence_all
 from cdcsync.db.retry import RetryBudget, with_retries
-from cdcsync.engine.batch import BatchSink, SinkOutcome, StagedBatch, land_batch, stage_batch
+from cdcsync.engine.batch import BatchSink, SinkOutcome, land_batch, stage_batch
 from cdcsync.engine.graph import land_graph_batch, stage_graph_batch
 from cdcsync.runtime.checkpoint import batch_offsets, check_ledger, checkpoint_id, rewind_unmerged
 from cdcsync.runtime.lock import PipelineLock
@@ -198,17 +198,19 @@ class BatchHandler:
     ) -> dict[str, SinkOutcome] | None:
         """Land the batch in every sink, with retries; None when its merges run on while the next batch stages
         (they record the batch when done)."""
+
+        def retried(plain: Callable[..., T], through_graph: Callable[..., T], keep: tuple[int, ...] = ()) -> T:
+            attempt = self._on_batch(plain, through_graph, messages, batch_id, decode, offsets, keep)
+            return self._retried(attempt, batch_id)
+
         if not self._overlaps(messages):
             self.merges.settle()  # (a source overlaps all its batches or none, unless schema_evolution changed it)
-            return self._retried(self._landing(messages, batch_id, decode, offsets), batch_id)
-
-        def stage(keep: tuple[int, ...]) -> StagedBatch:
-            return self._retried(self._staging(messages, batch_id, decode, offsets, keep), batch_id)
-
-        def reland(keep: tuple[int, ...]) -> dict[str, SinkOutcome]:
-            return self._retried(self._landing(messages, batch_id, decode, offsets, keep), batch_id)
-
-        return self.merges.land(stage, reland, self.checkpoint_dir)
+            return retried(land_batch, land_graph_batch)
+        return self.merges.land(
+            lambda keep: retried(stage_batch, stage_graph_batch, keep),
+            lambda keep: retried(land_batch, land_graph_batch, keep),  # a merge that failed: landed again
+            self.checkpoint_dir,
+        )
 
     def _overlaps(self, messages: KafkaBatch) -> bool:
         """Whether the batch's merges may run on while the next batch stages (:mod:`cdcsync.runtime.overlap`): the
@@ -220,28 +222,6 @@ class BatchHandler:
         no_fills = self.graph is None or not self.graph.fills
         return overlap and no_fills and messages.fetch is not None and postgres_only
 
-    def _landing(
-        self,
-        messages: KafkaBatch,
-        batch_id: int,
-        decode: DecodeTask | TopicDecoders,
-        offsets: OffsetRanges | None,
-        keep: tuple[int, ...] = (),
-    ) -> Callable[[], dict[str, SinkOutcome]]:
-        """One attempt at landing the batch: through the source's graph, if it has one."""
-        return self._on_batch(land_batch, land_graph_batch, messages, batch_id, decode, offsets, keep)
-
-    def _staging(
-        self,
-        messages: KafkaBatch,
-        batch_id: int,
-        decode: DecodeTask | TopicDecoders,
-        offsets: OffsetRanges | None,
-        keep: tuple[int, ...],
-    ) -> Callable[[], StagedBatch]:
-        """One attempt at staging the batch, its merges left to run (:meth:`_landing` but the merges)."""
-        return self._on_batch(stage_batch, stage_graph_batch, messages, batch_id, decode, offsets, keep)
-
     def _on_batch(
         self,
         plain: Callable[..., T],
@@ -252,6 +232,8 @@ class BatchHandler:
         offsets: OffsetRanges | None,
         keep: tuple[int, ...],
     ) -> Callable[[], T]:
+        """One attempt's work on the batch, ``plain`` or, for a source with a graph, ``through_graph`` (landing
+        it, or staging it with its merges left to run)."""
         if self.graph is None:
             return functools.partial(
                 plain, messages, batch_id, self.checkpoint_id, decode, self.sinks, self._file, offsets, keep
