@@ -76,6 +76,7 @@ _TIER_MARKERS = {
 """The markers of the tests in each directory under ``tests/``."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     grouped = config.pluginmanager.hasplugin("xdist")
     # integration modules where a test uses the session's SparkSession: one worker runs them all, so the run starts
@@ -95,6 +96,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hasattr(config, "workerinput"):
         # the fixed-port group is the longest unit of work (minutes): handed out first, it cannot be the run's tail
         items.sort(key=lambda item: _xdist_group(item) != _FIXED_PORT_GROUP)
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """On the controller: a test of the fixed-port group whose id lacks xdist's ``@group`` suffix would be handed
+    out like any other, and two workers would each start the fault suite's private services on the same ports and
+    fail at random. It happened: pytest 9.2 keeps ids where pytest-xdist 3.8 cannot add the suffix, and before that
+    the grouping hook ran after xdist's. Stop the run and say so."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    prefixes = tuple(f"{TESTS_DIR.name}/{path}" for path in _FIXED_PORT_PATHS)
+    ungrouped = [nodeid for nodeid in ids if nodeid.startswith(prefixes) and "@" not in nodeid]
+    if ungrouped:
+        pytest.exit(
+            f"pytest-xdist did not group {len(ungrouped)} fixed-port test(s), e.g. {ungrouped[0]}: check the pytest "
+            "and pytest-xdist versions pinned in pyproject.toml",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
