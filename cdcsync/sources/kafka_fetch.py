@@ -83,6 +83,13 @@ DEFAULT_POLL_TIMEOUT_S = 120.0
 _WAIT_S = 0.1
 """How long one ``consume`` waits for the rest of a chunk: short, since a range may end in offsets that hold no
 message (a commit marker), which are only seen as the consumer's position moving past them."""
+FETCH_QUEUE_BACKOFF_MS = "20"
+"""How soon librdkafka fetches again for a partition whose prefetch queue was full (its thresholds,
+``queued.max.messages.kbytes`` 64 MiB and ``queued.min.messages`` 100k, unchanged: they bound a task's memory).
+librdkafka waits a whole second by default. A task decodes and stages while the queue fills, so it met a full queue
+at every chunk and then waited out the second: with schema-wrapped messages (2.9 KB, 22k of them fill 64 MiB) both
+cores sat idle for a third of a run (docs/benchmarks.md, session 16). A source's ``kafka.fetch.queue.backoff.ms``
+option wins over this."""
 _EARLIEST = -2
 """librdkafka's logical offset for a partition's first offset (a partition the checkpoint has no start for)."""
 
@@ -337,6 +344,7 @@ def kafka_fetch(spark_options: dict[str, str], settings: Settings) -> KafkaFetch
                 config[client_key] = value
         elif key not in SPARK_READER_OPTIONS:
             return f"the source's option '{key}' is Spark's reader's"
+    config.setdefault("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
     config.setdefault("isolation.level", "read_uncommitted")  # the Java consumer's default, which Spark keeps
     client = f"{spark_options.get('groupIdPrefix', 'cdcsync')}-fetch"
     config.setdefault("group.id", client)  # no group is joined (partitions are assigned) and nothing committed

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from cdcsync.config.settings import KafkaSettings, Settings
 from cdcsync.sources.debezium.wrappers import CUT_COLUMNS
-from cdcsync.sources.kafka_fetch import KafkaBatch, KafkaFetch, PartitionRange, cut, kafka_fetch, planned_ranges
+from cdcsync.sources.kafka_fetch import (
+    FETCH_QUEUE_BACKOFF_MS,
+    KafkaBatch,
+    KafkaFetch,
+    PartitionRange,
+    cut,
+    kafka_fetch,
+    planned_ranges,
+)
 from tests.unit.test_debezium_columnar import KEY_WRAPPER, OTHER_WRAPPER, jvm_cut
 
 pytestmark = pytest.mark.unit
@@ -39,8 +47,13 @@ def test_the_tasks_read_a_source_whose_options_librdkafka_takes() -> None:
     # Spark's reader's own choices, kept: the Java client's isolation level; a lost offset is an error, not a reset.
     assert config["isolation.level"] == "read_uncommitted" and config["auto.offset.reset"] == "error"
     assert config["enable.auto.commit"] == "false"
-    committed = kafka_fetch(_options(**{"kafka.isolation.level": "read_committed"}), _settings())
+    # A full prefetch queue is refilled at once, not after librdkafka's default second; a source may say otherwise.
+    assert config["fetch.queue.backoff.ms"] == FETCH_QUEUE_BACKOFF_MS != "1000"
+    committed = kafka_fetch(
+        _options(**{"kafka.isolation.level": "read_committed", "kafka.fetch.queue.backoff.ms": "500"}), _settings()
+    )
     assert isinstance(committed, KafkaFetch) and dict(committed.config)["isolation.level"] == "read_committed"
+    assert dict(committed.config)["fetch.queue.backoff.ms"] == "500"
     no_headers = kafka_fetch(_options(includeHeaders="false"), _settings())
     assert isinstance(no_headers, KafkaFetch) and not no_headers.headers
     # Timing Spark's own offset requests only: left to Spark, not a reason to give it the read.
