@@ -262,6 +262,7 @@ class PostgresUpsertSink(LedgeredSink):
         self._delete_batch_sql = render("postgres/runtime/stage_delete_batch.sql.j2", **template_values)
         self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
+        self._merge_batch_sql = render("postgres/runtime/merge_batch.sql.j2")
         self._end_sql = _split_statements(self._truncate_sql)
         self._lone_sql = tuple(_split_statements(render("postgres/runtime/lone_tombstones.sql.j2", **template_values)))
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
@@ -330,6 +331,7 @@ class PostgresUpsertSink(LedgeredSink):
                 if found is None or found[0] != rows_staged:
                     raise self._stage_lost(batch_id, rows_staged, found[0] if found else 0)
                 self._check_positions(conn, batch_id)
+                conn.execute(self._merge_batch_sql, {"batch_id": batch_id})
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
                 for statement in self._merge_statements:

@@ -640,6 +640,24 @@ def test_a_batch_stages_while_the_one_before_merges(sink: PostgresUpsertSink) ->
         assert conn.execute(f"SELECT count(*) FROM {stage}").fetchone() == (0,)
 
 
+def test_a_merge_pairs_key_moves_of_its_own_batch_only(sink: PostgresUpsertSink) -> None:
+    """While batch 1 merges, batch 2 (staged meanwhile) holds a primary-key change of key 1, whose values were
+    changed in batch 1: batch 1's merge must leave that move to batch 2, whose merge carries the new values."""
+    land(sink, 0, [change("c", 1, 10, "w" * 4000)])
+    key1, key2 = sink.ledger_key(1, "cp"), sink.ledger_key(2, "cp")
+    assert sink.prepare(key1)
+    staged1 = sink.stage_writer(1).stage(pa.Table.from_pylist([change("u", 1, 15, "z" * 4000)], schema=SCHEMA))
+    assert sink.prepare(key2, keep=(1,))
+    moves = [change("d", 1, 20, None, None), change("n", 5, 20, None, None)]
+    staged2 = sink.stage_writer(2).stage(pa.Table.from_pylist(moves, schema=SCHEMA))
+    assert sink.merge(key1, staged1, shared_stage=True) == 1
+    assert key_moves(sink) == [] and live(sink)[1]["Name"] == "z" * 4000
+    assert sink.merge(key2, staged2, shared_stage=True) is not None
+    assert key_moves(sink) == [({"id": "5"}, Decimal(20))] and 1 not in live(sink)
+    land(sink, 3, [change("c", 5, 20, PLACEHOLDER)])
+    assert live(sink)[5]["Name"] == "z" * 4000 and key_moves(sink) == []
+
+
 def test_a_lost_previous_batch_is_still_found_while_another_merges(sink: PostgresUpsertSink) -> None:
     """Batch 3 prepared while batch 2 merges: the ledger need not have 2 yet, but it must have 1."""
     for batch_id in (0, 1):
