@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
+BATCH_PARAMETER = "%(batch_id)s"
+"""A merge statement that reads the stage as a whole keeps to its batch's rows with this parameter
+(``key_moves.sql.j2``): the next batch may be staging into the same table meanwhile (overlapped merges)."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +265,6 @@ class PostgresUpsertSink(LedgeredSink):
         self._delete_batch_sql = render("postgres/runtime/stage_delete_batch.sql.j2", **template_values)
         self._count_sql = render("postgres/runtime/stage_count.sql.j2", **template_values)
         self._collapse_sql = render("postgres/runtime/batch_collapse.sql.j2", **template_values)
-        self._merge_batch_sql = render("postgres/runtime/merge_batch.sql.j2")
         self._end_sql = _split_statements(self._truncate_sql)
         self._lone_sql = tuple(_split_statements(render("postgres/runtime/lone_tombstones.sql.j2", **template_values)))
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
@@ -331,11 +333,10 @@ class PostgresUpsertSink(LedgeredSink):
                 if found is None or found[0] != rows_staged:
                     raise self._stage_lost(batch_id, rows_staged, found[0] if found else 0)
                 self._check_positions(conn, batch_id)
-                conn.execute(self._merge_batch_sql, {"batch_id": batch_id})
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
                 for statement in self._merge_statements:
-                    cursor = conn.execute(statement)
+                    cursor = conn.execute(statement, {"batch_id": batch_id} if BATCH_PARAMETER in statement else None)
                     if ROWS_OUT_TAG in statement:
                         merged += max(cursor.rowcount, 0)
                 conn.execute(self._position_record_sql, {"batch_id": batch_id})
