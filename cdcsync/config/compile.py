@@ -13,7 +13,9 @@ Why the rewrite looks the way it does:
   ``_cdc_op`` column, and computed columns are evaluated only for kept rows (``CASE WHEN keep THEN ... END``), so an
   ANSI error (a failed cast, a division by zero) cannot fire on a row the user filtered out.
 * ``dynamic_table_check`` becomes LEFT JOINs against the key views with a broadcast hint: one hash lookup per row
-  inside Spark, never a call per row to Python or to Postgres.
+  inside Spark, never a call per row to Python or to Postgres. The integer keys of a Postgres table are tested
+  by a function instead (:attr:`~cdcsync.config.plan.DynamicTableSpec.checked_by_function`), vectorised: one
+  call per Arrow batch of rows.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from cdcsync.config.plan import (
     TransformStep,
     batch_keys_view,
     input_view,
+    key_check_function,
     prior_keys_view,
 )
 from cdcsync.config.sqlcheck import (
@@ -77,7 +80,8 @@ def _key_expression(value: exp.Expr, value_type: PgType | None, key_type: PgType
 def _rewrite_checks(
     query: Query, specs: dict[str, DynamicTableSpec], columns: dict[str, PgType]
 ) -> list[tuple[exp.Expr, exp.Expr]]:
-    """Replace each ``dynamic_table_check`` by a condition on LEFT JOINed key views; return the joins."""
+    """Replace each ``dynamic_table_check`` by a condition on LEFT JOINed key views (or a key check function);
+    return the joins."""
     joins: list[tuple[exp.Expr, exp.Expr]] = []
     conditions: dict[tuple[str, str], exp.Expr] = {}
     value_types = infer_types([call.expressions[1] for call in query.checks], columns) if query.checks else []
@@ -89,9 +93,14 @@ def _rewrite_checks(
         memo = (spec.id, value.sql(dialect=DIALECT))
         if memo not in conditions:
             key = _key_expression(value.copy(), value_type, spec.key_type)
-            prior = f"__cdc_p{len(joins)}"
-            joins.append((exp.to_table(prior_keys_view(spec.id)).as_(prior), exp.column("key", prior).eq(key)))
-            condition: exp.Expr = exp.column("key", prior).is_(exp.null()).not_()
+            condition: exp.Expr
+            if spec.checked_by_function:
+                check = exp.Anonymous(this=key_check_function(spec.id), expressions=[key.copy()])
+                condition = exp.Is(this=check, expression=exp.true())  # typed boolean for the type inference
+            else:
+                prior = f"__cdc_p{len(joins)}"
+                joins.append((exp.to_table(prior_keys_view(spec.id)).as_(prior), exp.column("key", prior).eq(key)))
+                condition = exp.column("key", prior).is_(exp.null()).not_()
             if spec.fill is not None:
                 batch = f"__cdc_b{len(joins)}"
                 joins.append(

@@ -21,7 +21,10 @@ Contract between the plan and the runtime (:mod:`cdcsync.engine.batch`):
 * ``dynamic_table_check('t', e)`` is true when ``e`` (cast to the table's key type) is among the prior keys, or is
   added by this batch's side output at an earlier position than the row being checked (the table then behaves as
   if changes were processed one at a time, in offset order); false for NULL. Implemented with broadcast joins
-  against the key views, never with a per-row lookup.
+  against the key views, never with a per-row lookup; except that a table whose keys are
+  :attr:`DynamicTableSpec.checked_by_function` has no prior-keys view but the temporary function
+  :func:`key_check_function` (the key in, true when it is a prior key; false for NULL), which tests a whole Arrow
+  batch of keys at once.
 * ``SideOutput.spark_sql`` reads :func:`input_view` of its input and yields ``key`` (non-NULL) and ``pos``, one
   row per input row that passes its WHERE.
 """
@@ -57,6 +60,13 @@ def batch_keys_view(table_id: str) -> str:
     return f"__cdc_db_{_view_suffix(table_id)}"
 
 
+def key_check_function(table_id: str) -> str:
+    return f"__cdc_dk_{_view_suffix(table_id)}"
+
+
+INTEGER_KEY_TYPES = frozenset({"smallint", "integer", "bigint"})
+
+
 @dataclass(frozen=True)
 class SideOutput:
     """A dynamic table's ``sql``: fills the table from a stream, in the same micro-batch."""
@@ -75,6 +85,15 @@ class DynamicTableSpec:
     key_column: str
     key_type: PgType
     fill: SideOutput | None = None
+
+    @property
+    def checked_by_function(self) -> bool:
+        """Whether checks test the prior keys with :func:`key_check_function` rather than a broadcast join: the
+        integer keys of a Postgres table. Spark cannot keep a broadcast relation from one query to the next, so a
+        join rebuilt and broadcast the whole key set for every micro-batch (about a second for a million keys,
+        docs/benchmarks.md "Lookups"); the function's sorted keys reach each Python worker once per reload. Other
+        key types keep the join, where Spark's own casts and equality decide what matches."""
+        return self.backend == "postgres" and self.key_type.name in INTEGER_KEY_TYPES
 
 
 @dataclass(frozen=True)

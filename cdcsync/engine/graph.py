@@ -33,6 +33,7 @@ from cdcsync.config.plan import (
     TransformStep,
     batch_keys_view,
     input_view,
+    key_check_function,
     prior_keys_view,
 )
 from cdcsync.core.errors import CdcsyncError
@@ -278,7 +279,11 @@ def _register_views(
 
     changes.createOrReplaceTempView(input_view(graph.source_id))
     for table_id, table in graph.tables.items():
-        F.broadcast(table.prior_keys(spark, checkpoint_id, batch_id)).createOrReplaceTempView(prior_keys_view(table_id))
+        if table.spec.checked_by_function:
+            spark.udf.register(key_check_function(table_id), table.key_check(spark, checkpoint_id, batch_id))
+        else:
+            keys = F.broadcast(table.prior_keys(spark, checkpoint_id, batch_id))
+            keys.createOrReplaceTempView(prior_keys_view(table_id))
     # Each view is analysed when registered, so what it reads must be registered first.
     ready = {graph.source_id}
     fills, steps = dict(graph.fills), list(graph.steps)

@@ -1,18 +1,24 @@
 """Dynamic lookup tables at run time: the key sets ``dynamic_table_check`` tests against, and side outputs that
 fill them from the stream.
 
-Reading (:meth:`DynamicTable.prior_keys`): before each micro-batch the driver reads the table's change counter
-(one indexed row in ``cdcsync.dynamic_table_changes``, bumped by a statement trigger on every write by anyone).
-Only when it moved are the keys reloaded, as one Postgres array (parsed in C; a COPY reached Python a row per
-call) into Arrow and then a Spark DataFrame that transforms join against with a broadcast. So an edit made with
-plain SQL is seen from the next micro-batch on, and an unchanged table costs one tiny query per batch.
+Reading: before each micro-batch the driver reads the table's change counter (one indexed row in
+``cdcsync.dynamic_table_changes``, bumped by a statement trigger on every write by anyone). Only when it moved are
+the keys reloaded, as one Postgres value (``dynamic_keys_load.sql.j2``; a COPY reached Python a row per call). So an
+edit made with plain SQL is seen from the next micro-batch on, and an unchanged table costs one tiny query per
+batch. What the batch's checks then use depends on the key type:
 
-The keys (of a large table: :data:`CACHED_FROM`) are held in Spark's columnar cache from the load until the next one
-replaces (and unpersists) them, and their DataFrame reads that cache, not the Arrow data. Created plainly, a
-DataFrame from an Arrow table under ``spark.sql.execution.arrow.localRelationThreshold`` (48 MB: six million integer
-keys) is a ``LocalRelation``, every key a row in the query plan, which each micro-batch analysed, planned and
-shipped to its tasks again: about 6 JVM CPU seconds per batch for a million keys, against about 0.5 for the
-broadcast itself (docs/benchmarks.md, "Lookups").
+* Integer keys (:meth:`DynamicTable.key_check`): a sorted numpy array in a Spark broadcast variable, which each
+  Python worker reads once per reload, tested by the scalar Arrow UDF of :mod:`cdcsync.transforms.key_check`.
+  A broadcast join instead rebuilt the hash relation of the whole key set and shipped it in every micro-batch
+  (Spark keeps no broadcast from one query to the next): about 1 s per batch for a million keys.
+* Other key types (:meth:`DynamicTable.prior_keys`): a Spark DataFrame that transforms join against with a
+  broadcast, where Spark's own casts and equality decide what matches. Those of a large table
+  (:data:`CACHED_FROM`) are held in Spark's columnar cache from the load until the next one replaces (and
+  unpersists) them, and their DataFrame reads that cache, not the Arrow data. Created plainly, a DataFrame from
+  an Arrow table under ``spark.sql.execution.arrow.localRelationThreshold`` (48 MB) is a ``LocalRelation``, every
+  key a row in the query plan, which each micro-batch analysed, planned and shipped to its tasks again: about 6
+  JVM CPU seconds per batch for a million keys, against about 0.5 for the broadcast itself (docs/benchmarks.md,
+  "Lookups").
 
 Writing (:meth:`DynamicTable.write`): the executors COPY the batch's new keys into a temp table and insert them
 with ``ON CONFLICT DO NOTHING``, tagging each row with the pipeline, checkpoint and batch that first wrote it;
@@ -43,6 +49,7 @@ from cdcsync.sql.render import render
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql._typing import UserDefinedFunctionLike
 
     from cdcsync.config.pipeline import Pipeline
 
@@ -116,9 +123,10 @@ class DynamicTable(LedgeredSink):
             render("postgres/runtime/dynamic_keys_copy.sql.j2", **values),
             render("postgres/runtime/dynamic_keys_insert.sql.j2", **values),
         )
-        self._cached: DataFrame | None = None
-        self._cached_counter: int | None = None
-        """The change counter ``_cached`` holds the keys of; None when they were right for one batch only."""
+        self._held: Any = None
+        """The keys batches check against: a DataFrame, or a broadcast variable (``checked_by_function``)."""
+        self._held_counter: int | None = None
+        """The change counter ``_held`` holds the keys of; None when they were right for one batch only."""
         self.cached_from = CACHED_FROM
         self.loads = 0
         """How many times the keys were read from Postgres (the live view and tests show it)."""
@@ -135,9 +143,31 @@ class DynamicTable(LedgeredSink):
     def prior_keys(self, spark: SparkSession, checkpoint_id: str, batch_id: int) -> DataFrame:
         """The keys batch ``batch_id`` checks against (column ``key``, unique), reloaded only when they changed."""
         if self.in_memory:
-            if self._cached is None:
-                self._cached = self._empty(spark)
-            return self._cached
+            if self._held is None:
+                self._held = self._empty(spark)
+            return self._held
+        loaded = self._reload(checkpoint_id, batch_id)
+        if loaded is not None:
+            self._hold(self._to_dataframe(spark, loaded[0]), loaded[1])
+        return self._held
+
+    def key_check(self, spark: SparkSession, checkpoint_id: str, batch_id: int) -> UserDefinedFunctionLike:
+        """The function batch ``batch_id``'s checks call when the spec is ``checked_by_function``: true when its
+        argument is among the keys :meth:`prior_keys` would give, reloaded only when they changed."""
+        from pyspark.sql.functions import arrow_udf
+
+        from cdcsync.transforms.key_check import key_check, sorted_keys
+
+        loaded = self._reload(checkpoint_id, batch_id)
+        if loaded is not None:
+            self._hold(spark.sparkContext.broadcast(sorted_keys(loaded[0])), loaded[1])
+        # The stubs ask for functionType, which PySpark warns against: the function's type hints say it.
+        return arrow_udf(key_check(self._held), "boolean")  # type: ignore[call-overload]
+
+    def _reload(self, checkpoint_id: str, batch_id: int) -> tuple[Any, int | None] | None:
+        """None when the held keys are still right for batch ``batch_id``; else the keys read again (integer keys
+        packed in bytes, others a list of their text forms: ``dynamic_keys_load.sql.j2``), and the change counter
+        they are right for (None: for this batch only)."""
         params = {
             "pipeline": self.pipeline.name,
             "checkpoint_id": checkpoint_id,
@@ -150,19 +180,27 @@ class DynamicTable(LedgeredSink):
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 counter = self._counter(conn, params)
-                if self._cached is not None and counter == self._cached_counter:
-                    return self._cached
+                if self._held is not None and counter == self._held_counter:
+                    return None
                 loaded = conn.execute(self._load_sql, params).fetchone()[0]  # type: ignore[index]
                 complete = not conn.execute(self._later_sql, params).fetchone()[0]  # type: ignore[index]
         except psycopg.Error as error:
             raise self._error(f"reading keys for batch {batch_id}", error) from None
-        keys = self._to_dataframe(spark, loaded)
         self.loads += 1
-        if self._cached is not None:
-            self._cached.unpersist()  # the batch that used it has ended: a query's batches run one at a time
         # A load that left out this checkpoint's own later rows (a replay) is right for this batch only.
-        self._cached, self._cached_counter = keys, (counter if complete else None)
-        return keys
+        return loaded, (counter if complete else None)
+
+    def _hold(self, keys: Any, counter: int | None) -> None:
+        """Hold ``keys`` (a DataFrame or a broadcast variable) for the batches the counter says they are right for,
+        releasing the keys held before: the batch that used them has ended (a query's batches run one at a
+        time)."""
+        from pyspark import Broadcast
+
+        if isinstance(self._held, Broadcast):
+            self._held.destroy()
+        elif self._held is not None:
+            self._held.unpersist()
+        self._held, self._held_counter = keys, counter
 
     def _counter(self, conn: Any, params: dict[str, Any]) -> int:
         row = conn.execute(self._counter_sql, params).fetchone()
@@ -173,12 +211,17 @@ class DynamicTable(LedgeredSink):
             )
         return int(row[0])
 
-    def _to_dataframe(self, spark: SparkSession, loaded: list[Any]) -> DataFrame:
+    def _to_dataframe(self, spark: SparkSession, loaded: Any) -> DataFrame:
         import pyarrow as pa
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        table = pa.table({"key": pa.array(loaded, type=pa.int64() if self._integer else pa.string())})
+        if self._integer:
+            from cdcsync.transforms.key_check import sorted_keys
+
+            table = pa.table({"key": pa.array(sorted_keys(loaded))})
+        else:
+            table = pa.table({"key": pa.array(loaded, type=pa.string())})
         if table.num_rows < self.cached_from:
             frame = spark.createDataFrame(table)
             return frame.select(F.col("key").cast(self.spec.key_type.spark_type).alias("key"))
@@ -199,8 +242,8 @@ class DynamicTable(LedgeredSink):
         In memory, the keys join the set only here, so call it once the batch's sinks have landed: a batch
         retried after a failure must not see its own keys."""
         if self.in_memory:
-            base = self._cached if self._cached is not None else self._empty(batch_keys.sparkSession)
-            self._cached = base.union(batch_keys.select("key")).distinct().localCheckpoint()
+            base = self._held if self._held is not None else self._empty(batch_keys.sparkSession)
+            self._held = base.union(batch_keys.select("key")).distinct().localCheckpoint()
             return None
         import psycopg
 

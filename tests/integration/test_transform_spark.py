@@ -8,12 +8,15 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pytest
+from pyspark.sql.functions import arrow_udf
 
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import Pipeline
-from cdcsync.config.plan import batch_keys_view, input_view, prior_keys_view
+from cdcsync.config.plan import batch_keys_view, input_view, key_check_function, prior_keys_view
 from cdcsync.sources.debezium.envelope import CDC_COLUMNS
+from cdcsync.transforms.key_check import key_check, sorted_keys
 
 TS = datetime(2024, 1, 1, tzinfo=timezone.utc)
 META = "_cdc_op, _cdc_version, _cdc_ts, _cdc_topic, _cdc_partition, _cdc_offset"
@@ -51,8 +54,17 @@ def register_source(spark: Any, pipeline: Pipeline, source_id: str, rows: list[t
     spark.createDataFrame(rows, schema).createOrReplaceTempView(input_view(source_id))
 
 
-def register_keys(spark: Any, table_id: str, keys: list[Any], key_type: str) -> None:
-    spark.createDataFrame([(k,) for k in keys], f"key {key_type}").createOrReplaceTempView(prior_keys_view(table_id))
+def register_keys(spark: Any, pipeline: Pipeline, table_id: str, keys: list[Any]) -> None:
+    """A table's prior keys as the runtime registers them: the check function of an integer-keyed Postgres table,
+    else the view."""
+    spec = pipeline.plan.dynamic_tables[table_id]
+    if spec.checked_by_function:
+        packed = np.array(keys, dtype=">i8").tobytes()  # as the load sends them
+        check = arrow_udf(key_check(spark.sparkContext.broadcast(sorted_keys(packed))), "boolean")
+        spark.udf.register(key_check_function(table_id), check)
+    else:
+        frame = spark.createDataFrame([(k,) for k in keys], f"key {spec.key_type.spark_type}")
+        frame.createOrReplaceTempView(prior_keys_view(table_id))
 
 
 def run_batch(spark: Any, pipeline: Pipeline) -> dict[str, Any]:
@@ -160,15 +172,23 @@ def test_check_in_where(spark: Any, where: str, passing: set[int]) -> None:
             (4, None, Decimal("1.00"), None, *change("c", 4)),
         ],
     )
-    register_keys(spark, "vip", [7, 8, 100], "bigint")
+    register_keys(spark, pipeline, "vip", [7, 8, 100])
     rows = rows_by_key(run_batch(spark, pipeline)["f"])
     assert {key for key, row in rows.items() if row["_cdc_op"] == "c"} == passing
     assert {key for key, row in rows.items() if row["_cdc_op"] == "d"} == {1, 2, 3, 4} - passing
 
 
-def test_check_in_select_list_and_broadcast_plan(spark: Any) -> None:
+@pytest.mark.parametrize(
+    ("backend", "plan_holds"),
+    [
+        ("postgres", "ArrowEvalPython"),  # integer keys of a Postgres table: the vectorised check function
+        ("in_memory", "BroadcastHashJoin"),  # any other table: a broadcast join against the prior keys
+    ],
+)
+def test_check_in_select_list_and_its_plan(spark: Any, backend: str, plan_holds: str) -> None:
     sql = "SELECT *, dynamic_table_check('vip', customer_id) AS is_vip FROM orders"
-    pipeline = make_pipeline({**LOOKUPS, "f": {"type": "sql", "sql": sql, "primary_key": "id"}}, "f")
+    vip = {**LOOKUPS["vip"], "backend_type": backend}
+    pipeline = make_pipeline({"vip": vip, "f": {"type": "sql", "sql": sql, "primary_key": "id"}}, "f")
     assert pipeline.columns_of("f")["is_vip"].sql == "boolean"
     register_source(
         spark,
@@ -178,13 +198,15 @@ def test_check_in_select_list_and_broadcast_plan(spark: Any) -> None:
             (1, 7, None, None, *change("c", 1)),
             (2, 8, None, None, *change("u", 2)),
             (3, None, None, None, *change("c", 3)),
+            (4, 2**62, None, None, *change("c", 4)),  # beyond every key: no match
         ],
     )
-    register_keys(spark, "vip", [7], "bigint")
+    register_keys(spark, pipeline, "vip", [7, -3])
     frame = run_batch(spark, pipeline)["f"]
-    assert {k: r["is_vip"] for k, r in rows_by_key(frame).items()} == {1: True, 2: False, 3: False}
+    assert {k: r["is_vip"] for k, r in rows_by_key(frame).items()} == {1: True, 2: False, 3: False, 4: False}
     plan_text = frame._jdf.queryExecution().executedPlan().toString()
-    assert "BroadcastHashJoin" in plan_text and "LeftOuter" in plan_text, plan_text
+    assert plan_holds in plan_text, plan_text
+    assert ("Join" in plan_text) == (backend == "in_memory"), plan_text
 
 
 def test_batch_keys_behave_as_if_changes_came_one_at_a_time(spark: Any) -> None:
@@ -222,7 +244,7 @@ def test_batch_keys_behave_as_if_changes_came_one_at_a_time(spark: Any) -> None:
             (105, None, "c", Decimal(8), TS, "events", 0, 8),
         ],
     )
-    register_keys(spark, "seen_users", [1], "bigint")
+    register_keys(spark, pipeline, "seen_users", [1])
     frames = run_batch(spark, pipeline)
     first = rows_by_key(frames["first_events"], "event_id")
     assert {k for k, r in first.items() if r["_cdc_op"] == "c"} == {101, 104, 105}
@@ -286,7 +308,7 @@ def test_chained_transforms_carry_deletes_through(spark: Any) -> None:
             (3, 7, Decimal("5.00"), "c", *change("u", 3)),  # vip, too small: deleted by the second
         ],
     )
-    register_keys(spark, "vip", [7], "bigint")
+    register_keys(spark, pipeline, "vip", [7])
     rows = rows_by_key(run_batch(spark, pipeline)["labelled"])
     assert {k: r["_cdc_op"] for k, r in rows.items()} == {1: "c", 2: "d", 3: "d"}
     assert (rows[1]["label"], rows[3]["label"]) == ("A", None)
