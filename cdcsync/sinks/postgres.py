@@ -47,7 +47,8 @@ ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
 BATCH_PARAMETER = "%(batch_id)s"
 """A merge statement that reads the stage as a whole keeps to its batch's rows with this parameter
-(``key_moves.sql.j2``): the next batch may be staging into the same table meanwhile (overlapped merges)."""
+(``key_moves.sql.j2``): the next batch may be staging into the same table meanwhile (overlapped merges). Exactly
+the statements holding it are executed with parameters: the rule of :mod:`cdcsync.sql.render` for ``%`` in names."""
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,27 @@ ClickHouse templates (``templates/clickhouse/``) use backtick quoting instead:
 ``ch_columns``    ``{{ names | ch_columns }}`` -> ```a`, `b```
 ``ch_literal``    ``{{ text | ch_literal }}`` -> ``'text'`` (backslash and ``'`` escaped with a backslash)
 ``ch_value``      ``{{ value | ch_value }}`` -> a setting value: numbers and booleans as is, text as ``ch_literal``
+
+``%`` in names and strings (``"discount_%"`` is a legal Postgres column): psycopg reads every ``%`` of a statement
+executed with parameters as the start of a placeholder (``%%`` for a ``%``), and sends a statement executed
+without parameters as it is. Hence one rule, statement by statement (a statement ends with ``;`` at a line's end):
+
+* a statement whose template holds a ``%(name)s`` placeholder is executed with parameters, and every ``%`` that
+  the Postgres filters above write into it is doubled;
+* any other statement is executed without parameters, and its ``%`` stay single: migration files (run as they
+  are, also by hand with psql), most ``COPY`` statements, and every statement of a template without placeholders.
+
+:func:`render` applies it (the filters write a marker for ``%``, which it settles once the statements are known);
+callers keep their half: parameters for exactly the statements holding placeholders, never ``{}`` to ``execute``
+for another (psycopg would parse it; its ``copy`` takes ``{}`` as none). ClickHouse statements bind their values
+server-side (``{name:Type}``), and clickhouse-connect formats a statement with ``%`` only when it is given
+parameters yet holds no such placeholder, which none of cdcsync's does: the ``ch_`` filters leave ``%`` alone.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,6 +54,11 @@ from cdcsync.config.types import UnknownTypeError, parse_pg_type
 from cdcsync.core.errors import ConfigError
 
 POSTGRES_MAX_IDENTIFIER_BYTES = 63
+_PERCENT = "\x00percent\x00"
+"""What the Postgres filters write for a ``%`` until :func:`render` settles it, so that the only ``%`` it finds
+are the template's own. No name or string holds it: ``ident`` and ``literal`` refuse NUL."""
+_PLACEHOLDER = re.compile(r"%\(\w+\)[sbt]")
+_STATEMENT_END = re.compile(r"(?<=;\n)")
 
 
 def templates_dir() -> Path:
@@ -211,6 +232,31 @@ def delta_table_ref(location: dict[str, Any]) -> str:
     return ".".join(spark_quote_ident(part) for part in str(location["table"]).split("."))
 
 
+def _marking_percent(quote: Callable[..., str]) -> Callable[..., str]:
+    """``quote`` as a template filter: its ``%`` marked for :func:`render`. Another filter's output may be its input
+    (``{{ (stage | ident_path) | literal }}``): that one's marks are ``%`` again first."""
+
+    def unmarked(value: object) -> object:
+        return value.replace(_PERCENT, "%") if isinstance(value, str) else value
+
+    @functools.wraps(quote)
+    def filter_(value: object, *args: object) -> str:
+        return quote(unmarked(value), *map(unmarked, args)).replace("%", _PERCENT)
+
+    return filter_
+
+
+def _settle_percent(sql: str) -> str:
+    """The marked ``%`` of each statement of ``sql``: ``%%`` where the statement holds a placeholder, else ``%``
+    (the module docstring's rule)."""
+    if _PERCENT not in sql:
+        return sql
+    return "".join(
+        statement.replace(_PERCENT, "%%" if _PLACEHOLDER.search(statement) else "%")
+        for statement in _STATEMENT_END.split(sql)
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The shared Jinja environment (cached): strict about undefined values, no HTML autoescaping."""
@@ -222,13 +268,13 @@ def environment() -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.filters["ident"] = quote_ident
-    env.filters["qualified"] = quote_qualified
-    env.filters["ident_path"] = quote_path
-    env.filters["columns"] = quote_columns
-    env.filters["literal"] = quote_literal
+    env.filters["ident"] = _marking_percent(quote_ident)
+    env.filters["qualified"] = _marking_percent(quote_qualified)
+    env.filters["ident_path"] = _marking_percent(quote_path)
+    env.filters["columns"] = _marking_percent(quote_columns)
+    env.filters["literal"] = _marking_percent(quote_literal)
     env.filters["pg_type"] = canonical_pg_type
-    env.filters["comment"] = comment_text
+    env.filters["comment"] = _marking_percent(comment_text)
     env.filters["ch_ident"] = ch_quote_ident
     env.filters["ch_qualified"] = ch_quote_qualified
     env.filters["ch_columns"] = ch_quote_columns
@@ -244,6 +290,6 @@ def environment() -> jinja2.Environment:
 def render(template: str, **values: Any) -> str:
     """Render ``template`` (a path under ``templates/``, e.g. ``postgres/mirror_table.sql.j2``) with ``values``."""
     try:
-        return environment().get_template(template).render(**values)
+        return _settle_percent(environment().get_template(template).render(**values))
     except jinja2.TemplateNotFound:
         raise FileNotFoundError(f"SQL template {template!r} not found under {templates_dir()}") from None

@@ -389,3 +389,153 @@ def test_bounded_clickhouse_reads_golden() -> None:
     ]
     check_golden("bounded_clickhouse.sql", "\n".join([bounds, *reads]))
     assert " FINAL" in bounds and " FINAL" not in reads[0] and "{lo1:String}" in reads[0] and "{" not in reads[1]
+
+
+# ---- '%' in names: psycopg reads '%' as the start of a placeholder in a statement run with parameters ----------------
+
+PERCENT_COLUMNS = {"id%": "bigint", "note%s": "text", "discount_%": "numeric(12,2)", "blob%(x)s": "bytea"}
+
+
+def percent_pipeline(delete_mode: str = "hard") -> Pipeline:
+    """Names holding '%' wherever a sink takes names (Postgres allows any character in a quoted name)."""
+    return validate_pipeline_dict(
+        {
+            "name": "pct",
+            "sources": {"s%": {"type": "kafka", "topic": "t", "primary_key": "id%", "columns": PERCENT_COLUMNS}},
+            "sinks": {
+                "m%": {
+                    "type": "postgres",
+                    "from": "s%",
+                    "schema": "My App%",
+                    "table": "sel%ect",
+                    "delete_mode": delete_mode,
+                }
+            },
+        }
+    )
+
+
+def sent(statement: str, params: dict[str, Any] | None, *, copy: bool = False) -> str:
+    """The text psycopg sends for ``statement`` run with ``params``, from its client-side parse (no server needed):
+    ``execute`` turns placeholders into ``$1``... (and ``%%`` into ``%``) when given parameters, ``copy`` merges
+    them into the text when given any, and either sends the statement as it is without."""
+    from psycopg._queries import PostgresClientQuery, PostgresQuery
+    from psycopg.adapt import Transformer
+
+    if params is None or (copy and not params):
+        return statement
+    query = (PostgresClientQuery if copy else PostgresQuery)(Transformer())
+    query.convert(statement, params)
+    return query.query.decode()
+
+
+def without_percent_names(text: str, names: list[str]) -> str:
+    """``text`` without the names (quoted, or as string literals) it may hold: what is left holds no '%'."""
+    for name in names:
+        text = text.replace(quote_ident(name), "").replace(quote_literal(name), "")
+    return text
+
+
+@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
+def test_percent_in_names_reaches_postgres_as_written_in_every_statement_of_a_sink(delete_mode: str) -> None:
+    """The Postgres sink's statements, run as the sink runs them (with parameters or without), send every name as
+    written: a '%' of a name is neither read as a placeholder nor sent doubled."""
+    from cdcsync.sinks.postgres import BATCH_PARAMETER, PostgresUpsertSink
+
+    pipeline = percent_pipeline(delete_mode)
+    sink = PostgresUpsertSink(pipeline, "m%", pipeline.sinks["m%"], "postgresql://unused")
+    batch = {"batch_id": 7}
+    create, lone_copy, lone_select = sink._lone_sql
+    runs = [
+        (sink._copy_sql, None, True),
+        (create, None, False),
+        (lone_copy, None, True),
+        (lone_select, None, False),
+        (sink._stage_any_sql, {"keep": [6]}, False),
+        (sink._stage_clear_sql, {"keep": [6]}, False),
+        (sink._truncate_sql, None, False),
+        (sink._count_sql, batch, False),
+        (sink._position_check_sql, batch, False),
+        (sink._collapse_sql, batch, False),
+        *((statement, batch if BATCH_PARAMETER in statement else None, False) for statement in sink._merge_statements),
+        (sink._position_record_sql, batch, False),
+        (sink._delete_batch_sql, batch, False),
+    ]
+    assert any(BATCH_PARAMETER in statement for statement in sink._merge_statements)  # the key moves' statements
+    names = [*PERCENT_COLUMNS, "_next_id%", "My App%", "sel%ect", "m%", "pct__m%__stage", "pct__m%__tombstones"]
+    for statement, params, copy in runs:
+        text = sent(statement, params, copy=copy)
+        assert any(quote_ident(name) in text or quote_literal(name) in text for name in names), text
+        assert "%" not in without_percent_names(text, names), text
+    # The stage's name as a string (the literal of its quoted name), in a statement run with parameters.
+    assert quote_literal('"cdcsync"."pct__m%__stage"') in sent(sink._stage_any_sql, {"keep": []})
+
+
+def test_percent_in_names_of_a_bounded_postgres_read() -> None:
+    """The plan (parameter step, and a '%' operator of its own) and the COPY of each range (parameters only for the
+    bound ends: psycopg merges them into the text)."""
+    from cdcsync.sources.bounded import bound_parameters, range_statements, which_bounds
+
+    key = [("id%", "bigint")]
+    columns = [*key, ("note%s", "text"), ("blob%(x)s", "bytea")]
+    names = ["My App%", "sel%ect", *(name for name, _ in columns)]
+    plan = render("postgres/bounded/key_bounds.sql.j2", schema="My App%", table="sel%ect", key=["id%"])
+    text = sent(plan, {"step": 10})
+    assert '"id%"' in text and "%" not in without_percent_names(text, names).replace("% $1", "")
+    reads = range_statements(
+        "postgres/bounded/read_range.sql.j2", schema="My App%", table="sel%ect", columns=columns, key=key
+    )
+    for lower, upper in ((["1"], ["9"]), (None, ["9"]), (["1"], None), (None, None)):
+        text = sent(reads[which_bounds(lower, upper)], bound_parameters(lower, upper), copy=True)
+        assert '"blob%(x)s"' in text and "%" not in without_percent_names(text, names), text
+
+
+@pytest.mark.parametrize(
+    ("template", "params"),
+    [
+        ("postgres/runtime/dynamic_keys_load.sql.j2", {"pipeline": "p", "checkpoint_id": "c", "batch_id": 1}),
+        ("postgres/runtime/dynamic_keys_later.sql.j2", {"pipeline": "p", "checkpoint_id": "c", "batch_id": 1}),
+        ("postgres/runtime/dynamic_keys_insert.sql.j2", {"pipeline": "p", "checkpoint_id": "c", "batch_id": 1}),
+        ("postgres/runtime/dynamic_keys_temp.sql.j2", None),
+        ("postgres/runtime/count_rows.sql.j2", None),
+        ("postgres/runtime/position_mark.sql.j2", None),
+        ("postgres/runtime/position_save.sql.j2", {"position": 1, "snapshot": None}),
+    ],
+)
+def test_percent_in_names_of_other_runtime_statements(template: str, params: dict[str, Any] | None) -> None:
+    names = ["app%", "keys%", "k%", "m%"]
+    values = {
+        "table": ("app%", "keys%"),
+        "target": ("app%", "keys%"),
+        "key_column": "k%",
+        "key_type": "text",
+        "integer": False,
+        "internal_schema": names[0],
+        "pipeline": "pct",
+        "sink_id": "m%",
+    }
+    text = sent(render(template, **values), params)
+    assert "%" not in without_percent_names(text, names), text
+
+
+def test_percent_in_names_of_migrations_stays_single(tmp_path: Path) -> None:
+    """Migration files run without parameters (and by hand with psql): their names are written as they are."""
+    (planned,) = migrations.plan(POSTGRES, percent_pipeline(), tmp_path)
+    assert '"discount_%"' in planned.text and '"My App%"."sel%ect"' in planned.text and "%%" not in planned.text
+    assert quote_ident("a%") == '"a%"' and quote_literal("a%") == "'a%'"  # the helpers Python calls (messages)
+
+
+def test_percent_in_names_of_clickhouse_statements_is_not_read_by_clickhouse_connect() -> None:
+    """cdcsync's ClickHouse statements bind their values server-side (``{name:Type}``): clickhouse-connect then
+    leaves the text alone. Only a statement without such a placeholder would go through Python's '%' formatting."""
+    from clickhouse_connect.driver.binding import bind_query
+
+    sql = render(
+        "clickhouse/runtime/delete_keys.sql.j2",
+        target=("db%", "t%(x)s"),
+        primary_key=("id%",),
+        key_types=("Int64",),
+    )
+    bound, params = bind_query(sql, {"keys": [(1,)], "versions": [2]})
+    assert bound == sql.rstrip(";") and "`db%`.`t%(x)s`" in bound and "`id%`" in bound
+    assert set(params) == {"param_keys", "param_versions"}
