@@ -118,13 +118,21 @@ def values_before(
 def placeholder_creates(
     table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...]
 ) -> dict[Key, int]:
-    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change."""
-    held = unavailable(table, toastable)
-    ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()
+    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change.
+    Such creates are rare, so they are found with Arrow and only they reach Python (every task runs this)."""
+    import functools
+
+    import pyarrow.compute as pc
+
+    from cdcsync.sinks.postgres import placeholder_mask
+
+    if not toastable or table.num_rows == 0:
+        return {}
+    held = functools.reduce(pc.or_, [placeholder_mask(table.column(name), value) for name, value in toastable])
+    creates = table.filter(pc.and_(pc.equal(table.column("_cdc_op"), "c"), held))
     created: dict[Key, int] = {}
-    for i, key in enumerate(keys_of(table, primary_key)):
-        if ops[i] == "c" and any(column[i] for column in held.values()):
-            created[key] = max(created.get(key, 0), int(versions[i]))
+    for key, version in zip(keys_of(creates, primary_key), creates.column("_cdc_version").to_pylist(), strict=True):
+        created[key] = max(created.get(key, 0), int(version))
     return created
 
 
