@@ -227,13 +227,9 @@ class ClickHouseWriter:
         """
         import pyarrow.compute as pc
 
-        from cdcsync.sinks.postgres import placeholder_mask
-
         if not self.toastable:
             return {}
-        creates = pc.equal(table.column("_cdc_op"), "c")
-        held = [pc.and_(placeholder_mask(table.column(name), value), creates) for name, value in self.toastable]
-        if not pc.any(functools.reduce(pc.or_, held)).as_py():
+        if not pc.any(clickhouse_moves.creates_holding_placeholders(table, self.toastable)).as_py():
             return {}
         keys = clickhouse_moves.keys_of(table, self.primary_key)
         ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()

@@ -115,21 +115,26 @@ def values_before(
     return known
 
 
-def placeholder_creates(
-    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...]
-) -> dict[Key, int]:
-    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change.
-    Such creates are rare, so they are found with Arrow and only they reach Python (every task runs this)."""
+def creates_holding_placeholders(table: pa.Table, toastable: tuple[tuple[str, Placeholder], ...]) -> pa.Array:
+    """Which rows of ``table`` are creates holding Debezium's placeholder: the new keys of key changes (an INSERT
+    never holds one). Found with Arrow: such rows are rare, and every task asks."""
     import functools
 
     import pyarrow.compute as pc
 
     from cdcsync.sinks.postgres import placeholder_mask
 
+    held = functools.reduce(pc.or_, [placeholder_mask(table.column(name), value) for name, value in toastable])
+    return pc.and_(pc.equal(table.column("_cdc_op"), "c"), held)
+
+
+def placeholder_creates(
+    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...]
+) -> dict[Key, int]:
+    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change."""
     if not toastable or table.num_rows == 0:
         return {}
-    held = functools.reduce(pc.or_, [placeholder_mask(table.column(name), value) for name, value in toastable])
-    creates = table.filter(pc.and_(pc.equal(table.column("_cdc_op"), "c"), held))
+    creates = table.filter(creates_holding_placeholders(table, toastable))
     created: dict[Key, int] = {}
     for key, version in zip(keys_of(creates, primary_key), creates.column("_cdc_version").to_pylist(), strict=True):
         created[key] = max(created.get(key, 0), int(version))

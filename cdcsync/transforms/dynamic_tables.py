@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdcsync.config.plan import DynamicTableSpec
+from cdcsync.config.plan import INTEGER_KEY_TYPES, DynamicTableSpec
 from cdcsync.core.errors import MigrationError
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.ledger import LedgeredSink, OffsetRanges
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
     from pyspark.sql._typing import UserDefinedFunctionLike
 
     from cdcsync.config.pipeline import Pipeline
-
-_INTEGER_KEYS = {"smallint", "integer", "bigint"}
 
 
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
@@ -115,7 +113,7 @@ class DynamicTable(LedgeredSink):
             "key_type": spec.key_type.sql,
         }
         self._counter_sql = render("postgres/runtime/dynamic_counter.sql.j2")
-        self._integer = spec.key_type.name in _INTEGER_KEYS
+        self._integer = spec.key_type.name in INTEGER_KEY_TYPES
         self._load_sql = render("postgres/runtime/dynamic_keys_load.sql.j2", **values, integer=self._integer)
         self._later_sql = render("postgres/runtime/dynamic_keys_later.sql.j2", **values)
         self._write_statements = (

@@ -19,6 +19,7 @@ from cdcsync.config.pipeline import Pipeline
 from cdcsync.core.errors import CheckpointAheadError
 from cdcsync.migrations import POSTGRES
 from cdcsync.sinks.postgres import PostgresUpsertSink
+from tests.unit.test_templates import percent_pipeline
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 SCHEMA = pa.schema(
@@ -678,29 +679,7 @@ parameters (the collapse, the key moves, the position checks...) unless the temp
 def test_names_holding_percent_signs(postgres_dsn: str, tmp_path: Path, delete_mode: str) -> None:
     """Schema, table, columns and sink id with '%' in them: the sink migrates, stages and merges (versions, deletes,
     unchanged TOASTed values, primary-key changes within a batch and over two, a truncate, overlapped merges)."""
-    columns = {"id": "bigint", "Name": "text", "amount": "numeric(12,2)", "blob": "bytea"}
-    definition = validate_pipeline_dict(
-        {
-            "name": "pct",
-            "sources": {
-                "s%": {
-                    "type": "kafka",
-                    "topic": "t",
-                    "primary_key": "id%",
-                    "columns": {PERCENT_NAMES[name]: pg_type for name, pg_type in columns.items()},
-                }
-            },
-            "sinks": {
-                "m%": {
-                    "type": "postgres",
-                    "from": "s%",
-                    "schema": "My App%",
-                    "table": "sel%ect",
-                    "delete_mode": delete_mode,
-                }
-            },
-        }
-    )
+    definition = percent_pipeline(delete_mode)
     migrations.init(POSTGRES, definition, tmp_path)
     with psycopg.connect(postgres_dsn) as conn:
         migrations.apply_pending(POSTGRES, conn, definition.name, tmp_path)
