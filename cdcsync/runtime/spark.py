@@ -47,6 +47,9 @@ DEFAULT_SPARK_CONF: dict[str, str] = {
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
     ),
     "spark.python.worker.reuse": "true",
+    # pyspark's daemon behind a zip importer that does not read pyspark.zip's directory again at every task
+    # (cdcsync.runtime.python_daemon).
+    "spark.python.daemon.module": "cdcsync.runtime.python_daemon",
     "spark.sql.adaptive.enabled": "false",
     # Kafka source: consumers live across batches; keep fetches large.
     "spark.kafka.consumer.cache.capacity": "64",

@@ -23,3 +23,24 @@ def test_executors_of_another_version_are_refused(spark: Any, monkeypatch: pytes
     monkeypatch.setattr(cdcsync, "__version__", "0.0.0-driver")
     with pytest.raises(DependencyError, match=r"executors run cdcsync .*, the driver 0\.0\.0-driver"):
         _start_python_workers(spark)
+
+
+def _zip_importers(batches: Any) -> Any:
+    import importlib
+    import sys
+
+    import pyarrow as pa
+
+    for batch in batches:
+        importlib.invalidate_caches()  # what every task already does: must leave the archives' importers in place
+        names = sorted({type(finder).__name__ for finder in sys.path_importer_cache.values() if finder is not None})
+        yield pa.RecordBatch.from_pydict({"importers": [",".join(names)] * batch.num_rows})
+
+
+def test_workers_read_sparks_zip_archives_through_the_importer_that_skips_unchanged_ones(spark: Any) -> None:
+    """The workers come from cdcsync's daemon (spark.python.daemon.module): pyspark.zip, which every worker imports
+    from, is held by :class:`UnchangedZipImporter`, and no plain zip importer is left to read it at each task."""
+    rows = spark.range(4, numPartitions=2).mapInArrow(_zip_importers, "importers string").collect()
+    for row in rows:
+        assert "UnchangedZipImporter" in row.importers.split(",")
+        assert "zipimporter" not in row.importers.split(",")
