@@ -131,19 +131,18 @@ def newest_per_key(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    sorted_table = tombstones.ranked_newest_first(table, primary_key)  # the common case, one cheaper sort
-    if sorted_table is None:
+    rows = tombstones.ranked_newest_first(table, primary_key)  # the common case, one cheaper sort
+    if rows is None:
         table = tombstones.rank_tombstones(table, primary_key)
         if table.num_rows <= 1:
             return table
         order = [(k, "ascending") for k in primary_key] + [("_cdc_version", "descending")]
         if "_cdc_offset" in table.column_names:  # a tie (a tombstone and the delete it follows): the later message
             order.append(("_cdc_offset", "descending"))
-        sorted_table = table.sort_by(order)
-    table = sorted_table
+        rows = tombstones.SortedRows(table, pc.sort_indices(table, sort_keys=order))
     first_of_run: pa.Array | None = None
     for key in primary_key:
-        column = table.column(key).combine_chunks()
+        column = rows.column(key)
         # Null keys (truncate rows) compare as null: count them as a new run, so none is dropped by the filter.
         differs = pc.fill_null(pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)), True)
         first_of_run = differs if first_of_run is None else pc.or_(first_of_run, differs)
@@ -151,11 +150,12 @@ def newest_per_key(
     mask = pa.concat_arrays([pa.array([True]), first_of_run.cast(pa.bool_())])
     if not (keep_key_moves and toastable):
         for name, placeholder in toastable:
-            table = _carry_unchanged_values(table, mask, name, placeholder)
-        return table.filter(mask)
-    ops = table.column("_cdc_op").combine_chunks()
+            if _holds_placeholders(rows, name, placeholder):
+                _carry_unchanged_values(rows, mask, name, placeholder)
+        return rows.kept(mask)
+    ops = rows.column("_cdc_op")
     deleted = pc.fill_null(pc.equal(ops, "d"), False)
-    n = table.num_rows
+    n = rows.num_rows
     before_delete = pa.concat_arrays(
         [
             pa.array([False]),
@@ -165,9 +165,10 @@ def newest_per_key(
     starts = pc.or_(mask, before_delete)
     moves = pa.array([False] * n, type=pa.bool_())
     for name, placeholder in toastable:
-        moves = pc.or_(moves, placeholder_mask(table.column(name), placeholder))
-        table = _carry_unchanged_values(table, starts, name, placeholder)
-    return table.filter(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
+        if _holds_placeholders(rows, name, placeholder):
+            moves = pc.or_(moves, placeholder_mask(rows.column(name), placeholder))
+            _carry_unchanged_values(rows, starts, name, placeholder)
+    return rows.kept(pc.or_(starts, pc.and_(moves, pc.equal(ops, "c"))))
 
 
 def placeholder_mask(column: pa.ChunkedArray | pa.Array, placeholder: Placeholder) -> pa.Array:
@@ -199,15 +200,23 @@ def _integer_storage(list_type: pa.DataType) -> pa.DataType:
     return list_type
 
 
-def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placeholder: Placeholder) -> pa.Table:
+def _holds_placeholders(rows: tombstones.SortedRows, name: str, placeholder: Placeholder) -> bool:
+    """Whether column ``name`` holds the placeholder at all: asked of the table as it is, chunk by chunk, so that
+    a column without one (the common case) is never copied."""
+    import pyarrow.compute as pc
+
+    return any(pc.any(placeholder_mask(chunk, placeholder)).as_py() for chunk in rows.table.column(name).chunks)
+
+
+def _carry_unchanged_values(rows: tombstones.SortedRows, mask: pa.Array, name: str, placeholder: Placeholder) -> None:
     """Replace the placeholder in each run's first row by the newest older value of the run (rare: plain Python)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = table.column(name).combine_chunks()
+    column = rows.column(name)
     unavailable = placeholder_mask(column, placeholder)
     if not pc.any(pc.and_(unavailable, mask)).as_py():
-        return table
+        return
     is_placeholder, starts = unavailable.to_pylist(), mask.to_pylist()
     source = list(range(len(column)))  # by index, not by value: no value needs a Python equivalent
     for first in (i for i, start in enumerate(starts) if start and is_placeholder[i]):
@@ -217,7 +226,7 @@ def _carry_unchanged_values(table: pa.Table, mask: pa.Array, name: str, placehol
                 source[first] = older
                 break
             older += 1
-    return table.set_column(table.schema.get_field_index(name), name, column.take(pa.array(source, pa.int64())))
+    rows.columns[name] = column.take(pa.array(source, pa.int64()))
 
 
 def _to_csv(table: pa.Table, columns: tuple[str, ...], batch_id: int) -> bytes:

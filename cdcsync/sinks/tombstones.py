@@ -27,12 +27,53 @@ read again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 VERSION = "_cdc_version"
+
+
+@dataclass
+class SortedRows:
+    """The rows of ``table`` in the order ``order`` (indices into it), a column copied in that order only when
+    asked for. The collapse per key reads the key columns (and the TOASTable ones) in order and then keeps about
+    a third of a task's rows: the other columns are copied once, for the kept rows alone (:meth:`kept`).
+    ``columns`` holds the columns already in order (those read, and the ranked versions and carried values that
+    replace the table's)."""
+
+    table: pa.Table
+    order: pa.Array
+    columns: dict[str, pa.Array] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.order)
+
+    def column(self, name: str) -> pa.Array:
+        found = self.columns.get(name)
+        if found is None:
+            found = self.columns[name] = self.table.column(name).take(self.order).combine_chunks()
+        return found
+
+    def kept(self, mask: pa.Array) -> pa.Table:
+        """The rows where ``mask`` (in this order) is true, as a table with ``table``'s columns."""
+        import pyarrow as pa
+
+        rows = self.order.filter(mask)
+        arrays, fields = [], []
+        for column_field in self.table.schema:
+            name = column_field.name
+            in_order = self.columns.get(name)
+            if in_order is None:
+                arrays.append(self.table.column(name).take(rows))
+                fields.append(column_field)
+            else:
+                arrays.append(in_order.filter(mask))
+                fields.append(column_field.with_type(in_order.type))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=self.table.schema.metadata))
 
 
 def rank_tombstones(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
@@ -77,8 +118,8 @@ def rank_tombstones(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
     return table.set_column(table.schema.get_field_index(VERSION), VERSION, values)
 
 
-def ranked_newest_first(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Table | None:
-    """``table`` ranked (:func:`rank_tombstones`) and sorted by key, then by ``_cdc_version`` and ``_cdc_offset``
+def ranked_newest_first(table: pa.Table, primary_key: tuple[str, ...]) -> SortedRows | None:
+    """``table`` ranked (:func:`rank_tombstones`) and in order by key, then by ``_cdc_version`` and ``_cdc_offset``
     descending (what :func:`cdcsync.sinks.postgres.newest_per_key` sorts by), in one sort by key and offset; None
     when that shortcut does not give the same order.
 
@@ -123,8 +164,7 @@ def ranked_newest_first(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Tab
     # inverse), which turns offset-ascending into newest-first.
     group_end = np.append(np.flatnonzero(starts)[1:], n)[np.cumsum(starts) - 1]
     reversed_within = pa.array(group_start + group_end - 1 - rows)
-    newest_first = table.take(order.take(reversed_within))
-    return newest_first.set_column(newest_first.schema.get_field_index(VERSION), VERSION, ranked.take(reversed_within))
+    return SortedRows(table, order.take(reversed_within), {VERSION: ranked.take(reversed_within)})
 
 
 def lone(table: pa.Table) -> pa.Array | None:
