@@ -47,7 +47,14 @@ from cdcsync.config import clickhouse_types, toast
 from cdcsync.config.toast import PLACEHOLDER_BY_KIND, Placeholder
 from cdcsync.core.errors import MigrationError
 from cdcsync.core.reports import ReportedFailure, write_failed
-from cdcsync.db.clickhouse import connect, connect_from_settings, first_line, is_retriable, wrap_clickhouse_error
+from cdcsync.db.clickhouse import (
+    connect,
+    connect_from_settings,
+    first_line,
+    is_retriable,
+    reused_client,
+    wrap_clickhouse_error,
+)
 from cdcsync.db.executor_errors import task_failure
 from cdcsync.db.postgres import reused_connection
 from cdcsync.migrations.clickhouse import sink_state, table_columns
@@ -133,40 +140,35 @@ class ClickHouseWriter:
             f"into {self.database}.{self.table}"
         )
         try:
-            # raw_query sends bound parameters (a batch's keys) in the request body with this; in the URL, as
-            # command() sends them, a large batch is refused (HTTP 414).
-            client = connect(self.url, compression=self.compression, form_encode_query_params=True)
+            # raw_query sends bound parameters (a batch's keys) in the request body; in the URL, as command()
+            # sends them, a large batch is refused (HTTP 414).
+            with reused_client(self.url, compression=self.compression) as client:
+                lone = tombstones.lone(table)
+                if lone is not None:
+                    table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(client, rows))
+                    if table.num_rows == 0:
+                        return 0
+                table = self._fill_unchanged_values(client, table, moves)
+                table = clickhouse_moves.fill_from_links(
+                    client,
+                    self.moved_rows_sql,
+                    table,
+                    links,
+                    self.columns,
+                    self.primary_key,
+                    self.toastable,
+                    self.binary_columns,
+                )
+                table = self._carry_into_deletes(client, table, across)
+                rows = to_clickhouse_arrow(table, self.columns)
+                # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
+                may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
+                if not self.append_only:
+                    return self._upsert_and_delete(client, rows, may_move, token)
+                client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
+                self._mark_other_partitions(client, rows.filter(may_move))
         except Exception as error:
             raise _task_error(doing, error) from None
-        try:
-            lone = tombstones.lone(table)
-            if lone is not None:
-                table = tombstones.with_stored_versions(table, lone, lambda rows: self._stored(client, rows))
-                if table.num_rows == 0:
-                    return 0
-            table = self._fill_unchanged_values(client, table, moves)
-            table = clickhouse_moves.fill_from_links(
-                client,
-                self.moved_rows_sql,
-                table,
-                links,
-                self.columns,
-                self.primary_key,
-                self.toastable,
-                self.binary_columns,
-            )
-            table = self._carry_into_deletes(client, table, across)
-            rows = to_clickhouse_arrow(table, self.columns)
-            # Only updates and deletes can leave older rows elsewhere: an insert follows a delete that marked them.
-            may_move = pc.is_in(table.column("_cdc_op"), pa.array(["u", "d"]))
-            if not self.append_only:
-                return self._upsert_and_delete(client, rows, may_move, token)
-            client.insert_arrow(self.table, rows, database=self.database, settings=_token_settings(token))
-            self._mark_other_partitions(client, rows.filter(may_move))
-        except Exception as error:
-            raise _task_error(doing, error) from None
-        finally:
-            client.close()
         if across is not None and across.moved:
             dsn, pipeline, sink = self.links
             try:  # after the insert, so that a link always leads to a delete row that is there

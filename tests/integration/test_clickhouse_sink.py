@@ -688,3 +688,24 @@ def test_dates_and_timestamps_land_over_clickhouses_whole_range_with_the_infinit
     ]
     with pytest.raises(ReportedFailure, match=r"sink 'ch': column 'ts' holds 10000-01-01 00:00:00.000000\+00"):
         sink.stage_writer(1, "ckpt").stage(changes([0], [MAX_MICROS + 1]))
+
+
+def test_a_tasks_client_is_kept_for_the_next_task_and_dropped_after_a_failure(
+    clickhouse_database: ClickHouseDatabase,
+) -> None:
+    """Each task of a ClickHouse sink takes its client from :func:`reused_client`: the client of an earlier task
+    that ended well (no new client, so no settings query to the server), a new one after a task that raised."""
+    from cdcsync.db.clickhouse import reused_client
+
+    url = clickhouse_database.url
+    with reused_client(url, compression="lz4") as first:
+        assert first.command("SELECT 1") == 1
+    with reused_client(url, compression="lz4") as second:
+        assert second is first and second.command("SELECT 2") == 2
+    with reused_client(url) as other_compression:
+        assert other_compression is not first
+    with pytest.raises(RuntimeError), reused_client(url, compression="lz4") as failing:
+        assert failing is first
+        raise RuntimeError("the task failed")
+    with reused_client(url, compression="lz4") as after_failure:
+        assert after_failure is not first and after_failure.command("SELECT 3") == 3
