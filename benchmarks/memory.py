@@ -15,7 +15,7 @@ the backlog. This benchmark checks it with the real command, for each ``--change
 
    - the driver: the CLI's Python process and the JVM it starts (in ``local`` mode the JVM is also the executor:
      Kafka fetch, rows to Arrow);
-   - the executors' Python workers: ``pyspark.daemon`` and the workers it forks (decoding, staging). Forked
+   - the executors' Python workers: the Python daemon and the workers it forks (decoding, staging). Forked
      workers share pages with the daemon, and RSS counts a shared page in each, so this sum overstates what
      they take from the machine; it is compared with itself, backlog against backlog;
 
@@ -61,6 +61,7 @@ from benchmarks.common import (
     write_mirror_pipeline,
 )
 from cdcsync.devstack import workload
+from cdcsync.runtime.spark import DEFAULT_SPARK_CONF
 
 PARTITIONS = 4
 GOAL_RATIO = 1.2
@@ -134,8 +135,8 @@ def session_processes(session: int) -> list[Proc]:
 
 def classify(processes: Sequence[Proc], root: int, is_daemon: dict[int, bool]) -> dict[str, int]:
     """One sample: KiB per role (see :data:`ROLES`) and CPU ticks (:data:`CPU_ROLES`). ``is_daemon`` caches, per
-    pid, whether its command line is ``pyspark.daemon`` (its forked workers carry the same one; a worker is one
-    whose parent is one too)."""
+    pid, whether its command line is the Python daemon's (:data:`DAEMON_MODULES`; its forked workers carry the same
+    one; a worker is one whose parent is one too)."""
     by_pid = {p.pid: p for p in processes}
     sample = dict.fromkeys((*ROLES, *CPU_ROLES), 0)
     for proc in processes:
@@ -155,11 +156,16 @@ def classify(processes: Sequence[Proc], root: int, is_daemon: dict[int, bool]) -
     return sample
 
 
+DAEMON_MODULES = (b"pyspark.daemon", DEFAULT_SPARK_CONF["spark.python.daemon.module"].encode())
+"""The command lines of the executors' Python daemon: cdcsync's (the default), or pyspark's own."""
+
+
 def _is_daemon(pid: int, cache: dict[int, bool]) -> bool:
     if pid not in cache:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                cache[pid] = b"pyspark.daemon" in cmdline.read()
+                command = cmdline.read()
+                cache[pid] = any(module in command for module in DAEMON_MODULES)
         except OSError:
             return False
     return cache[pid]

@@ -156,3 +156,21 @@ def test_role_cpu_of_a_real_process_adds_up() -> None:
     living = sum(roles.values()) - roles["ended"] - roles["children"]
     assert sum(threads.values()) == pytest.approx(living, abs=0.05)
     assert jvm_threads.difference({"a": 1.0}, {"a": 3.5, "b": 1.0}) == {"a": 2.5, "b": 1.0}
+
+
+@pytest.mark.parametrize("module", ["cdcsync.runtime.python_daemon", "pyspark.daemon"])
+def test_the_memory_benchmark_counts_either_python_daemon_as_the_workers(module: str) -> None:
+    """cdcsync's daemon is Spark's ``spark.python.daemon.module`` by default, pyspark's when a user sets it back:
+    the workers' memory must be counted under either (a process that is neither is not a worker)."""
+    import subprocess
+    import sys
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    daemon, other = subprocess.Popen([*sleeper, module]), subprocess.Popen([*sleeper, "something.else"])
+    try:
+        assert memory._is_daemon(daemon.pid, {}) and not memory._is_daemon(other.pid, {})
+    finally:
+        daemon.kill()
+        other.kill()
+        daemon.wait()
+        other.wait()
