@@ -4,8 +4,8 @@ per task.
 Spark starts its Python workers from ``pyspark.zip`` and py4j's zip (they come first on the workers' path), and
 every task begins with ``importlib.invalidate_caches()`` (``pyspark.worker_util.setup_spark_files``). Python
 answers that by reading the whole directory of every zip archive it imports from again, once for each package
-directory inside it: some 65 ms of CPU per task with pyspark's 1,377 files, about 4% of the workers' time in
-``make bench-clickhouse``. Those archives do not change while a worker lives, so this daemon installs a zip
+directory inside it: 120-200 ms of CPU per task in a worker, with pyspark's 1,377 files, about 4% of the workers'
+time in ``make bench-clickhouse``. Those archives do not change while a worker lives, so this daemon installs a zip
 importer that reads an archive's directory again only when the file has changed (its size or modification time),
 and then runs pyspark's own daemon unchanged. Importing stays as it was: the same archives, in the same order.
 
@@ -32,7 +32,6 @@ class UnchangedZipImporter(zipimport.zipimporter):
     """A zip importer whose ``invalidate_caches`` reads the archive's directory again only if the file changed."""
 
     def __init__(self, path: str) -> None:
-        self._read_at: tuple[int, int] | None = None
         super().__init__(path)
         self._read_at = _stamp(self.archive)
 

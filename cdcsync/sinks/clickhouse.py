@@ -130,9 +130,10 @@ class ClickHouseWriter:
             return 0
         if self.positions is not None:
             self.positions.check(table)  # before anything is written: a source that went back stops the batch
-        moves = self._key_moves(table)
+        held = clickhouse_moves.creates_holding_placeholders(table, self.toastable) if self.toastable else None
+        moves = self._key_moves(table, held)
         across = self._across_tasks(table, key_move_rows)
-        links = self._links_of_creates(table, moves)
+        links = self._links_of_creates(table, held, moves)
         table = newest_per_key(table, self.primary_key, self.toastable)
         table = fit_temporal_columns(table, self.columns, self.sink_label)
         doing = (
@@ -177,12 +178,15 @@ class ClickHouseWriter:
                 raise task_failure(f"{doing}: recording its key changes in cdcsync.key_moves", error) from None
         return rows.num_rows
 
-    def _links_of_creates(self, table: pa.Table, moves: dict[tuple[Any, ...], _KeyMove]) -> list[clickhouse_moves.Link]:
-        """The links of the keys this task creates holding placeholders whose delete is not in the task: those
-        recorded already (the delete came first) let the create land with the values."""
-        if not self.toastable or not self.moved_rows_sql:
+    def _links_of_creates(
+        self, table: pa.Table, held: pa.Array | None, moves: dict[tuple[Any, ...], _KeyMove]
+    ) -> list[clickhouse_moves.Link]:
+        """The links of the keys this task creates holding placeholders (``held``, see :meth:`_key_moves`) whose
+        delete is not in the task: those recorded already (the delete came first) let the create land with the
+        values."""
+        if held is None or not self.moved_rows_sql:
             return []
-        created = clickhouse_moves.placeholder_creates(table, self.primary_key, self.toastable)
+        created = clickhouse_moves.placeholder_creates(table, self.primary_key, held)
         created = {key: version for key, version in created.items() if key not in moves}
         if not created:
             return []
@@ -219,8 +223,10 @@ class ClickHouseWriter:
             stored = clickhouse_moves.live_values(rows, len(self.primary_key), across.schema, self.toastable)
         return clickhouse_moves.carry_into_deletes(table, across.moved, across.earlier, stored, self.primary_key)
 
-    def _key_moves(self, table: pa.Table) -> dict[tuple[Any, ...], _KeyMove]:
-        """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key.
+    def _key_moves(self, table: pa.Table, held: pa.Array | None) -> dict[tuple[Any, ...], _KeyMove]:
+        """The primary-key changes in ``table`` whose new key's create holds a placeholder, by new key. ``held``:
+        which rows are such creates (:func:`~cdcsync.sinks.clickhouse_moves.creates_holding_placeholders`, asked
+        once per task for this and :meth:`_links_of_creates`), None without TOASTable columns.
 
         Debezium sends such a change as a delete of the old key and a create of the new one at the same source
         position (the same ``_cdc_version``); an INSERT never holds a placeholder, so a create that does is the
@@ -229,9 +235,7 @@ class ClickHouseWriter:
         """
         import pyarrow.compute as pc
 
-        if not self.toastable:
-            return {}
-        if not pc.any(clickhouse_moves.creates_holding_placeholders(table, self.toastable)).as_py():
+        if held is None or not pc.any(held).as_py():
             return {}
         keys = clickhouse_moves.keys_of(table, self.primary_key)
         ops, versions = table.column("_cdc_op").to_pylist(), table.column("_cdc_version").to_pylist()

@@ -128,13 +128,12 @@ def creates_holding_placeholders(table: pa.Table, toastable: tuple[tuple[str, Pl
     return pc.and_(pc.equal(table.column("_cdc_op"), "c"), held)
 
 
-def placeholder_creates(
-    table: pa.Table, primary_key: tuple[str, ...], toastable: tuple[tuple[str, Placeholder], ...]
-) -> dict[Key, int]:
-    """Key -> version of the newest create in ``table`` holding a placeholder: the new key of a key change."""
-    if not toastable or table.num_rows == 0:
+def placeholder_creates(table: pa.Table, primary_key: tuple[str, ...], held: pa.Array) -> dict[Key, int]:
+    """Key -> version of the newest create in ``table`` holding a placeholder (``held``, from
+    :func:`creates_holding_placeholders`): the new key of a key change."""
+    if table.num_rows == 0:
         return {}
-    creates = table.filter(creates_holding_placeholders(table, toastable))
+    creates = table.filter(held)
     created: dict[Key, int] = {}
     for key, version in zip(keys_of(creates, primary_key), creates.column("_cdc_version").to_pylist(), strict=True):
         created[key] = max(created.get(key, 0), int(version))

@@ -18,7 +18,7 @@ from cdcsync.runtime.checkpoint import committed_offsets
 from cdcsync.runtime.progress import SourceStats, _lag, new_progress, record_progress
 from cdcsync.runtime.replay import replay_batch_id
 from cdcsync.runtime.stream import trigger_interval
-from cdcsync.sinks import tombstones
+from cdcsync.sinks import clickhouse_moves, tombstones
 from cdcsync.sinks.postgres import newest_per_key
 
 
@@ -341,7 +341,7 @@ def test_clickhouse_pairs_a_key_changes_create_with_the_delete_at_its_version() 
             "n": [placeholder, placeholder, None, placeholder, "x"],
         }
     )
-    moves = writer._key_moves(table)
+    moves = writer._key_moves(table, clickhouse_moves.creates_holding_placeholders(table, writer.toastable))
     # 7 is 1's new key: body from 1's change at 10 (the newest that set it), n from the stored row of 1;
     # 8's create has no delete at its version: an ordinary key, its stored row is looked up
     assert {key: (move.old, move.values) for key, move in moves.items()} == {(7,): ((1,), {"body": "set"})}
