@@ -1,7 +1,8 @@
 """The executors' own Kafka read (:mod:`cdcsync.sources.kafka_fetch`) against the real broker: a partition range
 reads as Spark's Kafka reader reads it (then cut by :func:`~cdcsync.sources.kafka.decoder_input`), column for
 column and byte for byte, commit markers and all; offsets Kafka no longer has stop the read; a range the broker
-does not deliver is the broker's outage."""
+does not deliver is the broker's outage; the driver's peek for schema wrappers finds the first message with a value
+in small reads."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from cdcsync.devstack import workload
 from cdcsync.sources.debezium.envelope import NEW_KEY_HEADER
 from cdcsync.sources.debezium.json import wrapper_prefix
 from cdcsync.sources.kafka import decoder_input
-from cdcsync.sources.kafka_fetch import KafkaFetch, PartitionRange, kafka_fetch
+from cdcsync.sources.kafka_fetch import KafkaBatch, KafkaFetch, PartitionRange, kafka_fetch
 
 pytestmark = pytest.mark.integration
 
@@ -164,3 +165,23 @@ def test_a_range_the_broker_does_not_deliver_is_the_brokers_outage(kafka_bootstr
     error = away.value.report.error()
     assert isinstance(error, BrokerUnavailable) and error.retriable
     assert f"no message of topic {topic_name} partition 0, offsets 5 to 15 arrived within 1.5s" in error.message
+
+
+def test_the_peek_finds_the_first_message_with_a_value_past_chunks_of_tombstones(
+    kafka_bootstrap: str, topic_name: str
+) -> None:
+    """The peek reads a few hundred messages at a time, and still looks as far as a task's first chunk (20,000
+    messages): 1,200 tombstones first, then the workload's schema-wrapped messages."""
+    _topic(kafka_bootstrap, topic_name)
+    wrapped = _messages()[:20]
+    tombstones: list[Message] = [(key, None, None) for _ in range(60) for key, _, _ in wrapped]
+    _produce(kafka_bootstrap, topic_name, tombstones + wrapped)
+    end = _high_watermark(kafka_bootstrap, topic_name)
+    key, value, _ = wrapped[0]
+    assert value is not None and key is not None
+
+    def peek(*parts: PartitionRange) -> list[bytes] | None:
+        return KafkaBatch(None, _fetch(kafka_bootstrap), parts).first_wrappers("peek", None, None)  # type: ignore[arg-type]
+
+    assert peek(PartitionRange(topic_name, 0, 0, end)) == [wrapper_prefix(value), wrapper_prefix(key)]
+    assert peek(PartitionRange(topic_name, 0, 0, len(tombstones))) is None  # tombstones alone tell nothing
