@@ -36,7 +36,7 @@ from cdcsync.db.ledger import LedgeredSink
 from cdcsync.db.pgcopy import arrow_to_copy_csv
 from cdcsync.db.postgres import reused_connection
 from cdcsync.sinks import key_moves, positions, tombstones
-from cdcsync.sql.render import render
+from cdcsync.sql.render import holds_placeholder, render, template_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,10 +45,25 @@ if TYPE_CHECKING:
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
-BATCH_PARAMETER = "%(batch_id)s"
-"""A merge statement that reads the stage as a whole keeps to its batch's rows with this parameter
-(``key_moves.sql.j2``): the next batch may be staging into the same table meanwhile (overlapped merges). Exactly
-the statements holding it are executed with parameters: the rule of :mod:`cdcsync.sql.render` for ``%`` in names."""
+
+
+@dataclass(frozen=True)
+class MergeStatement:
+    """One statement of a sink's merge. A statement that reads the stage as a whole keeps to its batch's rows with
+    a ``%(batch_id)s`` parameter (``key_moves.sql.j2``): the next batch may be staging into the same table meanwhile
+    (overlapped merges). Both flags come from the template's own text, outside the names' quotes
+    (:func:`~cdcsync.sql.render.template_text`), so no table or column name can set them."""
+
+    sql: str
+    with_batch_id: bool
+    """Executed with the batch id: exactly the statements holding a placeholder (:mod:`cdcsync.sql.render`'s rule
+    for ``%`` in names)."""
+    rows_out: bool
+    """Its row count is part of the sink's rows out (:data:`ROWS_OUT_TAG`)."""
+
+    @classmethod
+    def of(cls, sql: str) -> MergeStatement:
+        return cls(sql, holds_placeholder(sql), ROWS_OUT_TAG in template_text(sql))
 
 
 @dataclass(frozen=True)
@@ -280,9 +295,11 @@ class PostgresUpsertSink(LedgeredSink):
         merge_template = "merge_soft" if sink.delete_mode == "soft" else "merge_hard"
         self._position_check_sql = render("postgres/runtime/position_check.sql.j2", **template_values)
         self._position_record_sql = render("postgres/runtime/position_record.sql.j2", **template_values)
-        self._merge_statements = _split_statements(
-            render("postgres/runtime/apply_truncate.sql.j2", **template_values)
-        ) + _split_statements(render(f"postgres/runtime/{merge_template}.sql.j2", **template_values))
+        self._merge_statements = [
+            MergeStatement.of(statement)
+            for template in ("apply_truncate", merge_template)
+            for statement in _split_statements(render(f"postgres/runtime/{template}.sql.j2", **template_values))
+        ]
 
     @property
     def target_name(self) -> str:
@@ -345,9 +362,9 @@ class PostgresUpsertSink(LedgeredSink):
                 self._check_positions(conn, batch_id)
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
-                for statement in self._merge_statements:
-                    cursor = conn.execute(statement, {"batch_id": batch_id} if BATCH_PARAMETER in statement else None)
-                    if ROWS_OUT_TAG in statement:
+                for step in self._merge_statements:
+                    cursor = conn.execute(step.sql, {"batch_id": batch_id} if step.with_batch_id else None)
+                    if step.rows_out:
                         merged += max(cursor.rowcount, 0)
                 conn.execute(self._position_record_sql, {"batch_id": batch_id})
                 conn.execute(self._ledger_rows_sql, {**ledger_key, "rows_written": merged})

@@ -32,8 +32,9 @@ without parameters as it is. Hence one rule, statement by statement (a statement
   are, also by hand with psql), most ``COPY`` statements, and every statement of a template without placeholders.
 
 :func:`render` applies it (the filters write a marker for ``%``, which it settles once the statements are known);
-callers keep their half: parameters for exactly the statements holding placeholders, never ``{}`` to ``execute``
-for another (psycopg would parse it; its ``copy`` takes ``{}`` as none). ClickHouse statements bind their values
+callers keep their half: parameters for exactly the statements holding placeholders (:func:`holds_placeholder`,
+which looks outside quotes: a name may spell ``%(batch_id)s``), never ``{}`` to ``execute`` for another (psycopg
+would parse it; its ``copy`` takes ``{}`` as none). ClickHouse statements bind their values
 server-side (``{name:Type}``), and clickhouse-connect formats a statement with ``%`` only when it is given
 parameters yet holds no such placeholder, which none of cdcsync's does: the ``ch_`` filters leave ``%`` alone.
 """
@@ -58,6 +59,9 @@ _PERCENT = "\x00percent\x00"
 """What the Postgres filters write for a ``%`` until :func:`render` settles it, so that the only ``%`` it finds
 are the template's own. No name or string holds it: ``ident`` and ``literal`` refuse NUL."""
 _PLACEHOLDER = re.compile(r"%\(\w+\)[sbt]")
+_QUOTED = re.compile(r"\"(?:[^\"]|\"\")*\"|'(?:[^']|'')*'|--[^\n]*")
+"""A quoted identifier, a string literal (also the body of an ``E'...'`` one: ``literal`` doubles its quotes) or a
+line comment, leftmost first: where configuration's names and values are, and no placeholder is."""
 _STATEMENT_END = re.compile(r"(?<=;\n)")
 
 
@@ -244,6 +248,17 @@ def _marking_percent(quote: Callable[..., str]) -> Callable[..., str]:
         return quote(unmarked(value), *map(unmarked, args)).replace("%", _PERCENT)
 
     return filter_
+
+
+def template_text(statement: str) -> str:
+    """A rendered statement without its quoted identifiers, string literals and line comments: the template's own
+    words (its placeholders, its ``/* tags */``), none of the configuration's."""
+    return _QUOTED.sub(" ", statement)
+
+
+def holds_placeholder(statement: str) -> bool:
+    """Whether a rendered statement is one to execute with parameters (the module docstring's rule)."""
+    return _PLACEHOLDER.search(template_text(statement)) is not None
 
 
 def _settle_percent(sql: str) -> str:

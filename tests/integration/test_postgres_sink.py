@@ -673,6 +673,7 @@ def test_a_lost_previous_batch_is_still_found_while_another_merges(sink: Postgre
 PERCENT_NAMES = {"id": "id%", "Name": "note%s", "amount": "discount_%", "blob": "blob%(x)s"}
 """The test's columns renamed: names holding '%', which psycopg reads as a placeholder in statements run with
 parameters (the collapse, the key moves, the position checks...) unless the templates write it as '%%'."""
+_SPELLS_PLACEHOLDER = "at%(batch_id)s"
 
 
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
@@ -691,14 +692,16 @@ def test_names_holding_percent_signs(postgres_dsn: str, tmp_path: Path, delete_m
         assert sink.prepare(key, keep)
         writer = sink.stage_writer(batch_id)
         tables = (pa.Table.from_pylist(rows, schema=SCHEMA).rename_columns(renamed) for rows in partitions)
-        return key, sum(writer.stage(table) for table in tables)
+        # A column whose name spells the merge's own placeholder, holding what "note%s" holds.
+        return key, sum(writer.stage(table.append_column(_SPELLS_PLACEHOLDER, table["note%s"])) for table in tables)
 
     def rows() -> dict[int, tuple[Any, ...]]:
         with psycopg.connect(postgres_dsn) as conn:
             found = conn.execute(
-                'SELECT "id%", "note%s", "discount_%", "blob%(x)s", "_cdc_version" FROM "My App%"."sel%ect"'
-                + (' WHERE NOT "_cdc_deleted"' if delete_mode == "soft" else "")
+                'SELECT "id%", "note%s", "discount_%", "blob%(x)s", "_cdc_version", "at%(batch_id)s" '
+                'FROM "My App%"."sel%ect"' + (' WHERE NOT "_cdc_deleted"' if delete_mode == "soft" else "")
             ).fetchall()
+        assert all(row[5] == row[1] for row in found), found
         return {row[0]: (row[1], row[2], None if row[3] is None else bytes(row[3]), row[4]) for row in found}
 
     big = "x" * 5000

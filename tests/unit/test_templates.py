@@ -393,7 +393,13 @@ def test_bounded_clickhouse_reads_golden() -> None:
 
 # ---- '%' in names: psycopg reads '%' as the start of a placeholder in a statement run with parameters ----------------
 
-PERCENT_COLUMNS = {"id%": "bigint", "note%s": "text", "discount_%": "numeric(12,2)", "blob%(x)s": "bytea"}
+PERCENT_COLUMNS = {
+    "id%": "bigint",
+    "note%s": "text",
+    "discount_%": "numeric(12,2)",
+    "blob%(x)s": "bytea",
+    "at%(batch_id)s": "text",  # spells the merge's own placeholder
+}
 
 
 def percent_pipeline(delete_mode: str = "hard") -> Pipeline:
@@ -439,8 +445,9 @@ def without_percent_names(text: str, names: list[str]) -> str:
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_percent_in_names_reaches_postgres_as_written_in_every_statement_of_a_sink(delete_mode: str) -> None:
     """The Postgres sink's statements, run as the sink runs them (with parameters or without), send every name as
-    written: a '%' of a name is neither read as a placeholder nor sent doubled."""
-    from cdcsync.sinks.postgres import BATCH_PARAMETER, PostgresUpsertSink
+    written: a '%' of a name is neither read as a placeholder nor sent doubled, and a name that spells the merge's
+    own placeholder does not make its statement one run with parameters."""
+    from cdcsync.sinks.postgres import PostgresUpsertSink
 
     pipeline = percent_pipeline(delete_mode)
     sink = PostgresUpsertSink(pipeline, "m%", pipeline.sinks["m%"], "postgresql://unused")
@@ -457,11 +464,13 @@ def test_percent_in_names_reaches_postgres_as_written_in_every_statement_of_a_si
         (sink._count_sql, batch, False),
         (sink._position_check_sql, batch, False),
         (sink._collapse_sql, batch, False),
-        *((statement, batch if BATCH_PARAMETER in statement else None, False) for statement in sink._merge_statements),
+        *((statement.sql, batch if statement.with_batch_id else None, False) for statement in sink._merge_statements),
         (sink._position_record_sql, batch, False),
         (sink._delete_batch_sql, batch, False),
     ]
-    assert any(BATCH_PARAMETER in statement for statement in sink._merge_statements)  # the key moves' statements
+    assert any(statement.with_batch_id for statement in sink._merge_statements)  # the key moves' statements
+    assert any("%(batch_id)s" in statement.sql and not statement.with_batch_id for statement in sink._merge_statements)
+    assert [statement.rows_out for statement in sink._merge_statements].count(True) >= 1
     names = [*PERCENT_COLUMNS, "_next_id%", "My App%", "sel%ect", "m%", "pct__m%__stage", "pct__m%__tombstones"]
     for statement, params, copy in runs:
         text = sent(statement, params, copy=copy)
@@ -539,3 +548,21 @@ def test_percent_in_names_of_clickhouse_statements_is_not_read_by_clickhouse_con
     bound, params = bind_query(sql, {"keys": [(1,)], "versions": [2]})
     assert bound == sql.rstrip(";") and "`db%`.`t%(x)s`" in bound and "`id%`" in bound
     assert set(params) == {"param_keys", "param_versions"}
+
+
+@pytest.mark.parametrize(
+    ("statement", "holds"),
+    [
+        ("DELETE FROM t WHERE _cdc_batch = %(batch_id)s;\n", True),
+        ('INSERT INTO "a%(batch_id)s" SELECT 1;\n', False),
+        ('INSERT INTO "a""%(batch_id)s""" SELECT 1;\n', False),
+        ("SELECT E'it''s %(batch_id)s \\\\';\n", False),
+        ("-- the stage's rows\nDELETE FROM \"x'\" WHERE b = %(batch_id)s;\n", True),
+        ("SELECT '%(batch_id)s' /* rows_out */, %(keep)s;\n", True),
+    ],
+)
+def test_a_placeholder_counts_only_outside_quoted_names_literals_and_comments(statement: str, holds: bool) -> None:
+    from cdcsync.sql.render import holds_placeholder, template_text
+
+    assert holds_placeholder(statement) is holds
+    assert "'" not in template_text(statement).replace("E'", "")
