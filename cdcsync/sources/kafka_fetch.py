@@ -335,12 +335,11 @@ _PEEK_CHUNK = 500
 the first 20,000 (a task's first chunk) took 130-210 ms of a batch's start on a small machine."""
 _PEEK_FETCH = {"fetch.message.max.bytes": str(256 << 10), "queued.min.messages": "1000"}
 """The peek's consumer fetches a little ahead, not the tasks' 8 MiB per partition
-(:data:`cdcsync.sources.kafka.FETCH_DEFAULTS`)."""
-_FETCH_SIZE_ALIASES = ("fetch.message.max.bytes", "max.partition.fetch.bytes")
+(:data:`cdcsync.sources.kafka.FETCH_DEFAULTS`, set under librdkafka's alias ``max.partition.fetch.bytes``)."""
 
 
 def _peeking(config: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    kept = {key: value for key, value in config if key not in _FETCH_SIZE_ALIASES and key != "queued.min.messages"}
+    kept = {key: value for key, value in config if key != "max.partition.fetch.bytes"}
     return tuple(sorted({**kept, **_PEEK_FETCH}.items()))
 
 

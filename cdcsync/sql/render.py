@@ -267,7 +267,7 @@ def _settle_percent(sql: str) -> str:
     if _PERCENT not in sql:
         return sql
     return "".join(
-        statement.replace(_PERCENT, "%%" if _PLACEHOLDER.search(statement) else "%")
+        statement.replace(_PERCENT, "%%" if holds_placeholder(statement) else "%")
         for statement in _STATEMENT_END.split(sql)
     )
 
