@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -402,10 +403,16 @@ def publish_workload(
         )
         conn.execute(sql.SQL("UPDATE {} SET mood = 'ok' WHERE id = %s").format(sql.Identifier(TABLE)), (key,))
     source.wait_caught_up()
+    expected = {"body", "big_tags", "big_ints"}
     for mode, (value_format, _) in modes.items():
         registry = registry_url if value_format == "avro" else None
         topic = source.topic(f"public.{TABLE}", mode)
-        assert placeholders_seen(bootstrap, topic, registry) == {"body", "big_tags", "big_ints"}, mode
+        # Once in CI a topic read back just after the connectors had committed past the watermark lacked the
+        # big_ints placeholder (the cause was not found): read again for a bounded while before deciding.
+        deadline = time.monotonic() + 30
+        while (seen := placeholders_seen(bootstrap, topic, registry)) != expected and time.monotonic() < deadline:
+            time.sleep(1)
+        assert seen == expected, f"{mode}: the topic has placeholders only for {sorted(seen)}"
 
 
 def types_project(
