@@ -25,10 +25,10 @@ from tests.faults.harness import BOUND_S, FaultWorkload
 @pytest.mark.parametrize(
     ("changes", "kills", "max_offsets", "drain_bound_s", "clickhouse_sink"),
     [
-        pytest.param(6_000, 5, 700, BOUND_S, True, id="short"),
-        # smaller batches: overlapped, a life lands several in the seconds before its kill, and 700 a batch let the
-        # fourth life drain the topic before it could be killed
-        pytest.param(6_000, 5, 250, BOUND_S, False, id="short-merges-overlapped"),
+        # about 44 batches: a life lands several in the seconds before its kill, and 6,000 changes in batches of 700
+        # (or of 250, with merges overlapped) let the fourth or fifth life drain the topic before it could be killed
+        pytest.param(10_000, 5, 250, BOUND_S, True, id="short"),
+        pytest.param(10_000, 5, 250, BOUND_S, False, id="short-merges-overlapped"),
         # the last run drains what 100 lives left: hundreds of thousands of changes, more than one command's bound
         pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, True, id="soak", marks=pytest.mark.soak),
         pytest.param(1_000_000, 100, 8_000, 6 * BOUND_S, False, id="soak-merges-overlapped", marks=pytest.mark.soak),
