@@ -26,7 +26,8 @@ from tests.faults.harness import BOUND_S, FaultWorkload
     ("changes", "kills", "max_offsets", "drain_bound_s", "clickhouse_sink"),
     [
         # about 44 batches: a life lands several in the seconds before its kill, and 6,000 changes in batches of 700
-        # (or of 250, with merges overlapped) let the fourth or fifth life drain the topic before it could be killed
+        # let the fourth or fifth life drain the topic before it could be killed (with merges overlapped, then, on a
+        # faster host, without)
         pytest.param(10_000, 5, 250, BOUND_S, True, id="short"),
         pytest.param(10_000, 5, 250, BOUND_S, False, id="short-merges-overlapped"),
         # the last run drains what 100 lives left: hundreds of thousands of changes, more than one command's bound
