@@ -110,6 +110,8 @@ class Proc:
     comm: str
     rss_kib: int
     cpu_ticks: int = 0
+    exe: str = ""
+    """The name of the program it runs (``/proc/<pid>/exe``), or ``comm`` when that cannot be read."""
 
 
 def session_processes(session: int) -> list[Proc]:
@@ -129,28 +131,45 @@ def session_processes(session: int) -> list[Proc]:
         if int(fields[3]) == session:
             comm = text[text.index(b"(") + 1 : close].decode(errors="replace")
             cpu = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-            found.append(Proc(int(entry.name), int(fields[1]), comm, int(fields[21]) * _PAGE_KIB, cpu))
+            try:
+                exe = os.path.basename(os.readlink(f"/proc/{entry.name}/exe"))
+            except OSError:
+                exe = comm
+            found.append(Proc(int(entry.name), int(fields[1]), comm, int(fields[21]) * _PAGE_KIB, cpu, exe))
     return found
 
 
-def classify(processes: Sequence[Proc], root: int, is_daemon: dict[int, bool]) -> dict[str, int]:
+def _started_by_the_jvm(proc: Proc, by_pid: dict[int, Proc]) -> bool:
+    """A process the JVM is starting, caught before it runs its program. Hadoop's local file system starts a
+    ``chmod`` for every checkpoint file it writes (it has no native library here), and the JVM starts a process
+    with ``posix_spawn``, whose child shares the JVM's memory until it execs: its RSS is the JVM's, already counted.
+    It also carries the JVM's command line (with the daemon module in Spark's options) and the name of the JVM
+    thread that started it, so it would otherwise pass for a Python worker of the JVM's size."""
+    parent = by_pid.get(proc.ppid)
+    return proc.exe == "java" and parent is not None and parent.exe == "java"
+
+
+def classify(processes: Sequence[Proc], root: int, is_daemon: dict[tuple[int, str], bool]) -> dict[str, int]:
     """One sample: KiB per role (see :data:`ROLES`) and CPU ticks (:data:`CPU_ROLES`). ``is_daemon`` caches, per
     pid, whether its command line is the Python daemon's (:data:`DAEMON_MODULES`; its forked workers carry the same
     one; a worker is one whose parent is one too)."""
     by_pid = {p.pid: p for p in processes}
     sample = dict.fromkeys((*ROLES, *CPU_ROLES), 0)
     for proc in processes:
+        if _started_by_the_jvm(proc, by_pid):
+            continue
         sample["all"] += proc.rss_kib
         if proc.pid == root:
             sample["cli"] += proc.rss_kib
             sample["cpu cli"] += proc.cpu_ticks
-        elif proc.comm == "java":
+        elif proc.exe == "java":
             sample["jvm"] += proc.rss_kib
             sample["cpu jvm"] += proc.cpu_ticks
-        elif _is_daemon(proc.pid, is_daemon):
+        elif _is_daemon(proc.pid, is_daemon, proc.exe):
             sample["workers"] += proc.rss_kib
             sample["cpu workers"] += proc.cpu_ticks  # a worker that ended is in the daemon's (its parent's) count
-            if proc.ppid in by_pid and _is_daemon(proc.ppid, is_daemon):
+            parent = by_pid.get(proc.ppid)
+            if parent is not None and parent.exe != "java" and _is_daemon(parent.pid, is_daemon, parent.exe):
                 sample["largest worker"] = max(sample["largest worker"], proc.rss_kib)
     sample["driver"] = sample["cli"] + sample["jvm"]
     return sample
@@ -160,15 +179,17 @@ DAEMON_MODULES = (b"pyspark.daemon", DEFAULT_SPARK_CONF["spark.python.daemon.mod
 """The command lines of the executors' Python daemon: cdcsync's (the default), or pyspark's own."""
 
 
-def _is_daemon(pid: int, cache: dict[int, bool]) -> bool:
-    if pid not in cache:
+def _is_daemon(pid: int, cache: dict[tuple[int, str], bool], exe: str = "") -> bool:
+    """Whether the process runs the daemon module (or is a worker it forked), cached per pid and program: the
+    daemon's pid first runs the JVM's ``jspawnhelper``, then Python."""
+    if (pid, exe) not in cache:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read()
-                cache[pid] = any(module in command for module in DAEMON_MODULES)
+                cache[pid, exe] = any(module in command for module in DAEMON_MODULES)
         except OSError:
             return False
-    return cache[pid]
+    return cache[pid, exe]
 
 
 @dataclass
@@ -192,7 +213,7 @@ class Sampler:
             self._thread.join()
 
     def _loop(self) -> None:
-        is_daemon: dict[int, bool] = {}
+        is_daemon: dict[tuple[int, str], bool] = {}
         start = time.monotonic()
         while not self._stop.is_set():
             processes = session_processes(self.root)

@@ -174,3 +174,19 @@ def test_the_memory_benchmark_counts_either_python_daemon_as_the_workers(module:
         other.kill()
         daemon.wait()
         other.wait()
+
+
+def test_the_memory_benchmark_counts_a_process_the_jvm_is_starting_nowhere() -> None:
+    """Hadoop starts a ``chmod`` for each checkpoint file; caught before it execs, that child runs the JVM's program
+    with the JVM's memory, command line (the daemon module is in Spark's options) and a JVM thread's name. It once
+    passed for a Python worker of the JVM's size; the JVM's RSS must count once, and only as the JVM's."""
+    cli, jvm = memory.Proc(10, 1, "python", 200_000, exe="python3.11"), memory.Proc(11, 10, "java", 700_000, exe="java")
+    starting = memory.Proc(12, 11, "stream executio", 700_000, exe="java")
+    daemon = memory.Proc(13, 11, "python", 40_000, exe="python3.11")
+    worker = memory.Proc(14, 13, "python", 400_000, exe="python3.11")
+    chmod = memory.Proc(15, 11, "chmod", 1_000, exe="chmod")
+    cache = {(13, "python3.11"): True, (14, "python3.11"): True, (15, "chmod"): False}
+    sample = memory.classify([cli, jvm, starting, daemon, worker, chmod], root=10, is_daemon=cache)
+    assert (sample["cli"], sample["jvm"], sample["driver"]) == (200_000, 700_000, 900_000)
+    assert (sample["workers"], sample["largest worker"]) == (440_000, 400_000)
+    assert sample["all"] == 200_000 + 700_000 + 40_000 + 400_000 + 1_000
