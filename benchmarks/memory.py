@@ -151,8 +151,9 @@ def _started_by_the_jvm(proc: Proc, by_pid: dict[int, Proc]) -> bool:
 
 def classify(processes: Sequence[Proc], root: int, is_daemon: dict[tuple[int, str], bool]) -> dict[str, int]:
     """One sample: KiB per role (see :data:`ROLES`) and CPU ticks (:data:`CPU_ROLES`). ``is_daemon`` caches, per
-    pid, whether its command line is the Python daemon's (:data:`DAEMON_MODULES`; its forked workers carry the same
-    one; a worker is one whose parent is one too)."""
+    pid and program, whether its command line is the Python daemon's (:data:`DAEMON_MODULES`; its forked workers
+    carry the same one; a worker is one whose parent is a Python daemon too). A process the JVM is starting counts
+    nowhere (:func:`_started_by_the_jvm`)."""
     by_pid = {p.pid: p for p in processes}
     sample = dict.fromkeys((*ROLES, *CPU_ROLES), 0)
     for proc in processes:
