@@ -26,6 +26,7 @@ is staged (:func:`cdcsync.engine.graph.land_graph_batch`).
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -317,6 +318,16 @@ class KafkaTableSink(RecordedSink):
         )
 
 
+def _known_partitions(admin: Any, topic: str) -> int | None:
+    """The partitions the cluster's metadata gives ``topic``; None while it does not show them. A topic just created
+    can be listed for a moment with an error or with no partitions (the brokers' metadata catches up), which is not
+    a topic with too few partitions."""
+    described = admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+    if described is None or described.error is not None or not described.partitions:
+        return None
+    return len(described.partitions)
+
+
 def ensure_topic(client: dict[str, Any], topic: str, partitions: int, sink_id: str) -> None:
     """Create ``topic`` with ``partitions`` partitions when it is missing; refuse one with fewer (adding
     partitions would move keys to other partitions, and with them the order consumers rely on)."""
@@ -334,10 +345,15 @@ def ensure_topic(client: dict[str, Any], topic: str, partitions: int, sink_id: s
             except KafkaException as error:
                 if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-            metadata = admin.list_topics(topic, timeout=TIMEOUT_S)
+        has = _known_partitions(admin, topic)
+        deadline = time.monotonic() + TIMEOUT_S
+        while has is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            has = _known_partitions(admin, topic)
     except KafkaException as error:
         raise ServiceError(f"{doing}: {_reason(error)}", retriable=True) from None
-    has = len(metadata.topics[topic].partitions)
+    if has is None:
+        raise ServiceError(f"{doing}: the brokers' metadata does not show its partitions yet", retriable=True)
     if has < partitions:
         raise UserError(
             f"{doing} has {has} partition(s), fewer than topic_partitions: {partitions}",

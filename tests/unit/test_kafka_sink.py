@@ -277,3 +277,19 @@ def test_a_producer_setting_librdkafka_rejects_is_a_refusal_not_a_retry() -> Non
         writer.stage(changes())
     assert caught.value.report.kind == Kind.REFUSED
     assert "sink 'out': writing batch 4 to topic out" in str(caught.value) and "no.such.property" in str(caught.value)
+
+
+def test_a_topic_whose_partitions_the_metadata_does_not_show_yet_is_not_counted_as_too_small() -> None:
+    """Just after a topic is created, the brokers' metadata can list it with an error or with no partitions; that
+    must read as "not known yet" (ensure_topic waits for it), never as a topic of 0 partitions to refuse."""
+    from types import SimpleNamespace
+
+    from cdcsync.sinks.kafka import _known_partitions
+
+    def admin(**topics: Any) -> Any:
+        return SimpleNamespace(list_topics=lambda topic, timeout: SimpleNamespace(topics=topics))
+
+    assert _known_partitions(admin(), "t") is None
+    assert _known_partitions(admin(t=SimpleNamespace(error="LEADER_NOT_AVAILABLE", partitions={0: 0})), "t") is None
+    assert _known_partitions(admin(t=SimpleNamespace(error=None, partitions={})), "t") is None
+    assert _known_partitions(admin(t=SimpleNamespace(error=None, partitions={0: 0, 1: 1, 2: 2})), "t") == 3
