@@ -318,11 +318,11 @@ class KafkaTableSink(RecordedSink):
         )
 
 
-def _known_partitions(admin: Any, topic: str) -> int | None:
-    """The partitions the cluster's metadata gives ``topic``; None while it does not show them. A topic just created
-    can be listed for a moment with an error or with no partitions (the brokers' metadata catches up), which is not
-    a topic with too few partitions."""
-    described = admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+def _known_partitions(metadata: Any, topic: str) -> int | None:
+    """The partitions the cluster's ``metadata`` gives ``topic``; None while it does not show them. A topic just
+    created can be listed for a moment with an error or with no partitions (the brokers' metadata catches up), which
+    is not a topic with too few partitions."""
+    described = metadata.topics.get(topic)
     if described is None or described.error is not None or not described.partitions:
         return None
     return len(described.partitions)
@@ -337,19 +337,20 @@ def ensure_topic(client: dict[str, Any], topic: str, partitions: int, sink_id: s
     doing = f"sink '{sink_id}': topic {topic}"
     admin = AdminClient(client)
     try:
-        metadata = admin.list_topics(timeout=TIMEOUT_S)
-        if topic not in metadata.topics or metadata.topics[topic].error is not None:
+        # no topic argument: asking for a missing topic by name may make the broker create it with its defaults
+        has = _known_partitions(admin.list_topics(timeout=TIMEOUT_S), topic)
+        if has is None:
             future = admin.create_topics([NewTopic(topic, num_partitions=partitions)], operation_timeout=TIMEOUT_S)
             try:
                 future[topic].result(TIMEOUT_S)
             except KafkaException as error:
                 if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-        has = _known_partitions(admin, topic)
-        deadline = time.monotonic() + TIMEOUT_S
-        while has is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-            has = _known_partitions(admin, topic)
+            deadline = time.monotonic() + TIMEOUT_S
+            while (has := _known_partitions(admin.list_topics(topic, timeout=TIMEOUT_S), topic)) is None:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
     except KafkaException as error:
         raise ServiceError(f"{doing}: {_reason(error)}", retriable=True) from None
     if has is None:

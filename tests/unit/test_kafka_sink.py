@@ -286,10 +286,10 @@ def test_a_topic_whose_partitions_the_metadata_does_not_show_yet_is_not_counted_
 
     from cdcsync.sinks.kafka import _known_partitions
 
-    def admin(**topics: Any) -> Any:
-        return SimpleNamespace(list_topics=lambda topic, timeout: SimpleNamespace(topics=topics))
+    def listed(**topics: Any) -> Any:
+        return SimpleNamespace(topics=topics)
 
-    assert _known_partitions(admin(), "t") is None
-    assert _known_partitions(admin(t=SimpleNamespace(error="LEADER_NOT_AVAILABLE", partitions={0: 0})), "t") is None
-    assert _known_partitions(admin(t=SimpleNamespace(error=None, partitions={})), "t") is None
-    assert _known_partitions(admin(t=SimpleNamespace(error=None, partitions={0: 0, 1: 1, 2: 2})), "t") == 3
+    assert _known_partitions(listed(), "t") is None
+    assert _known_partitions(listed(t=SimpleNamespace(error="LEADER_NOT_AVAILABLE", partitions={0: 0})), "t") is None
+    assert _known_partitions(listed(t=SimpleNamespace(error=None, partitions={})), "t") is None
+    assert _known_partitions(listed(t=SimpleNamespace(error=None, partitions={0: 0, 1: 1, 2: 2})), "t") == 3
