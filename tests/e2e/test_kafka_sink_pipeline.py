@@ -36,9 +36,10 @@ def test_kafka_sink_feeds_a_second_pipeline_exactly_once_through_a_kill(
     # the end even on a fast machine (with 2,000 changes, 5 batches, a run once landed 4 before its kill).
     load = workload.generate(8_000, 1_600, seed=47, wrapped=True, tombstones=True)
     workload.produce(kafka_bootstrap, topic_name, load.events)
-    batches_needed = -(-len(load.events) // 500)
+    per_batch = 500
+    batches_needed = -(-len(load.events) // per_batch)
     out_json, out_avro = f"{topic_name}.out_json", f"{topic_name}.out_avro"
-    upstream = orders_pipeline(topic_name, max_offsets_per_trigger=500)
+    upstream = orders_pipeline(topic_name, max_offsets_per_trigger=per_batch)
     upstream["name"] = "up"
     upstream["sinks"] = {
         "mirror": {"type": "postgres", "from": "orders", "schema": "up", "table": "orders", "delete_mode": "hard"},

@@ -81,8 +81,9 @@ def test_webhook_at_least_once_through_failures_and_a_kill_and_keys_count_it_onc
     # end even on a fast machine (3,000 changes needed only 6; test_kafka_sink_pipeline's 5 once saw 4 land first).
     load = workload.generate(9_000, 1_800, seed=31, wrapped=False, tombstones=False)
     workload.produce(kafka_bootstrap, topic_name, load.events)
-    batches_needed = -(-len(load.events) // 500)
-    pipeline = orders_pipeline(topic_name, max_offsets_per_trigger=500)
+    per_batch = 500
+    batches_needed = -(-len(load.events) // per_batch)
+    pipeline = orders_pipeline(topic_name, max_offsets_per_trigger=per_batch)
     pipeline["sinks"] = {
         "hook": {
             "type": "webhook",
