@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 _METADATA_TO_STAGE = ("_cdc_op", "_cdc_version", "_cdc_ts")
 ROWS_OUT_TAG = "/* rows_out */"
 """Merge templates tag the statements whose row counts are the sink's rows out (changes applied to the target)."""
+MERGE_PARTS = ("key_moves", "truncate")
+"""Parts of a merge that few batches need, in the order ``stage_count.sql.j2`` says whether a batch needs each. Their
+statements are tagged ``/* <part> */``; a batch that does not need a part skips them, as none would change anything
+(a sink with large text columns ran the key moves' eleven statements, the stage's ANALYZE among them, on every
+batch: a quarter of a merge's Postgres time in ``make bench``)."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,14 @@ class MergeStatement:
     for ``%`` in names)."""
     rows_out: bool
     """Its row count is part of the sink's rows out (:data:`ROWS_OUT_TAG`)."""
+    part: str | None = None
+    """The part of :data:`MERGE_PARTS` it belongs to: run only for a batch that needs that part."""
 
     @classmethod
     def of(cls, sql: str) -> MergeStatement:
-        return cls(sql, holds_placeholder(sql), ROWS_OUT_TAG in template_text(sql))
+        text = template_text(sql)
+        part = next((part for part in MERGE_PARTS if f"/* {part} */" in text), None)
+        return cls(sql, holds_placeholder(sql), ROWS_OUT_TAG in text, part)
 
 
 @dataclass(frozen=True)
@@ -356,13 +365,15 @@ class PostgresUpsertSink(LedgeredSink):
                 self.enter_fence(conn)
                 if conn.execute(self._ledger_record_sql, ledger_key).rowcount == 0:
                     raise _AlreadyMerged
-                found = conn.execute(self._count_sql, {"batch_id": batch_id}).fetchone()
-                if found is None or found[0] != rows_staged:
-                    raise self._stage_lost(batch_id, rows_staged, found[0] if found else 0)
+                found, parts = self._census(conn, batch_id)
+                if found != rows_staged:
+                    raise self._stage_lost(batch_id, rows_staged, found)
                 self._check_positions(conn, batch_id)
                 conn.execute(self._collapse_sql, {"batch_id": batch_id})
                 merged = 0
                 for step in self._merge_statements:
+                    if step.part is not None and step.part not in parts:
+                        continue
                     cursor = conn.execute(step.sql, {"batch_id": batch_id} if step.with_batch_id else None)
                     if step.rows_out:
                         merged += max(cursor.rowcount, 0)
@@ -378,6 +389,13 @@ class PostgresUpsertSink(LedgeredSink):
         except psycopg.Error as error:
             raise self._error(f"merging batch {batch_id} into {self.target_name}", error) from None
         return merged
+
+    def _census(self, conn: Any, batch_id: int) -> tuple[int, set[str]]:
+        """The batch's rows in the stage, and the parts of the merge (:data:`MERGE_PARTS`) it needs."""
+        row = conn.execute(self._count_sql, {"batch_id": batch_id}).fetchone()
+        if row is None:  # (an aggregate always returns its row)
+            return 0, set(MERGE_PARTS)
+        return row[0], {part for part, needs in zip(MERGE_PARTS, row[1:], strict=True) if needs}
 
     def _stage_lost(self, batch_id: int, staged: int, found: int) -> SinkError:
         failure = SinkError(

@@ -293,6 +293,36 @@ def key_moves(sink: PostgresUpsertSink) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def test_a_batch_runs_only_the_parts_of_the_merge_it_needs(sink: PostgresUpsertSink) -> None:
+    """The key moves' statements run for a batch with a key-move row or a create holding a placeholder, or while
+    values of earlier moves are stashed; the truncate's for a batch with a truncate, or once a watermark exists
+    (``stage_count.sql.j2``). Every other batch skips them, and lands the same."""
+
+    def parts_needed(batch_id: int, rows: list[dict[str, Any]]) -> set[str]:
+        key = sink.ledger_key(batch_id, "cp")
+        assert sink.prepare(key)
+        staged = sink.stage_writer(batch_id).stage(pa.Table.from_pylist(rows, schema=SCHEMA))
+        with psycopg.connect(sink.dsn) as conn:
+            found, parts = sink._census(conn, batch_id)
+        assert found == staged
+        assert sink.merge(key, staged) is not None
+        return parts
+
+    assert parts_needed(0, [change("c", 1, 10, "a" * 3000), change("c", 2, 11, "b")]) == set()
+    assert parts_needed(1, [change("u", 1, 12, PLACEHOLDER, "2.00")]) == set()  # an unchanged large value
+    assert live(sink)[1]["Name"] == "a" * 3000
+    assert parts_needed(2, [change("d", 2, 20, None, None), change("n", 4, 20, None, None)]) == {"key_moves"}
+    assert key_moves(sink) == [({"id": "4"}, Decimal(20))]  # 2 moved to 4, whose create is still to come
+    assert parts_needed(3, [change("u", 1, 21, "c")]) == {"key_moves"}  # while the values wait
+    assert parts_needed(4, [change("c", 4, 20, PLACEHOLDER)]) == {"key_moves"}
+    assert live(sink)[4]["Name"] == "b" and key_moves(sink) == []
+    assert parts_needed(5, [change("c", 5, 22, PLACEHOLDER)]) == {"key_moves"}  # a move whose delete comes later
+    assert parts_needed(6, [change("u", 1, 23, "d")]) == set()
+    assert parts_needed(7, [truncate(30)]) == {"truncate"}
+    assert parts_needed(8, [change("u", 1, 25, "older"), change("c", 6, 40, "e")]) == {"truncate"}  # the watermark
+    assert {key: row["Name"] for key, row in live(sink).items()} == {6: "e"}
+
+
 def test_a_primary_key_change_over_two_batches_in_either_order(sink: PostgresUpsertSink) -> None:
     """The delete of the old key (with its key-move row: the new key, from Debezium's ``__debezium.newkey``
     header) and the create of the new key land in different batches, in either order."""
@@ -637,7 +667,7 @@ def test_a_batch_stages_while_the_one_before_merges(sink: PostgresUpsertSink) ->
     assert sink.merge(key1, staged1, shared_stage=True) == 2
     assert live(sink)[1]["Name"] == "b" and set(live(sink)) == {1, 2}
     with psycopg.connect(sink.dsn) as conn:
-        stage = sink._count_sql.split("FROM ")[1].split(" WHERE")[0]
+        stage = sink._delete_batch_sql.split("FROM ")[1].split(" WHERE")[0]
         assert conn.execute(f"SELECT count(*) FROM {stage}").fetchone() == (0,)
 
 
