@@ -49,7 +49,7 @@ MERGE_PARTS = ("key_moves", "truncate")
 """Parts of a merge that few batches need, in the order ``stage_count.sql.j2`` says whether a batch needs each. Their
 statements are tagged ``/* <part> */``; a batch that does not need a part skips them, as none would change anything
 (a sink with large text columns ran the key moves' eleven statements, the stage's ANALYZE among them, on every
-batch: a quarter of a merge's Postgres time in ``make bench``)."""
+batch: a fifth of a mirror's merge in ``benchmarks/aggregate_merge_cpu.py``)."""
 
 
 @dataclass(frozen=True)
