@@ -187,9 +187,11 @@ def _is_daemon(pid: int, cache: dict[tuple[int, str], bool], exe: str = "") -> b
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read()
-                cache[pid, exe] = any(module in command for module in DAEMON_MODULES)
         except OSError:
             return False
+        if not command:  # mid-exec: the kernel has not given the new program its arguments yet; ask again later
+            return False
+        cache[pid, exe] = any(module in command for module in DAEMON_MODULES)
     return cache[pid, exe]
 
 
