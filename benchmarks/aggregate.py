@@ -8,7 +8,9 @@
    ``--available-now`` into a fresh database, and times each from its first micro-batch to catch-up;
 4. checks the landing table equals the expected final state and the aggregation table equals a fresh
    ``SELECT ... GROUP BY`` over it;
-5. prints changes/s of both and their ratio: what the triggers cost.
+5. prints changes/s of both and their ratio: what the triggers cost; then the whole machine's busy and idle
+   core-seconds over each run and how many cores were busy every half second, which tell CPU the aggregate
+   needs from cores it leaves idle while its last merges run alone.
 
 Prints its figures; asserts only correctness.
 """
@@ -26,12 +28,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import (
+    MachineCpu,
     add_service_arguments,
     bench_services,
     fresh_database,
     machine_line,
     prepare_pipeline,
-    timed_run,
+    timed_window,
 )
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.pipeline import Pipeline
@@ -82,8 +85,8 @@ def _pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, An
     return validate_pipeline_dict({"name": name, "sources": {"orders": source}, "sinks": {"sink": sink}})
 
 
-def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, int]:
-    return timed_run(pipeline, prepare_pipeline(pipeline, root, dsn, bootstrap), spark)
+def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, float, int]:
+    return timed_window(pipeline, prepare_pipeline(pipeline, root, dsn, bootstrap), spark)
 
 
 def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
@@ -113,12 +116,13 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     t0 = time.perf_counter()
     spark = build_spark_session(load_settings(), "cdcsync-bench")
     print(f"spark session started in {time.perf_counter() - t0:.1f}s", flush=True)
-    try:
-        _timed_run(warm_up, root, fresh_database(admin_dsn, "bench"), bootstrap, spark)
-        upsert_seconds, upsert_batches = _timed_run(upsert, root, upsert_dsn, bootstrap, spark)
-        aggregate_seconds, aggregate_batches = _timed_run(aggregate, root, aggregate_dsn, bootstrap, spark)
-    finally:
-        spark.stop()
+    with MachineCpu() as cpu:
+        try:
+            _timed_run(warm_up, root, fresh_database(admin_dsn, "bench"), bootstrap, spark)
+            upsert_run = _timed_run(upsert, root, upsert_dsn, bootstrap, spark)
+            aggregate_run = _timed_run(aggregate, root, aggregate_dsn, bootstrap, spark)
+        finally:
+            spark.stop()
 
     names = list(load.columns)
     quoted = ", ".join(f'"{c}"' for c in names)
@@ -130,17 +134,24 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         table = sorted(conn.execute(AGGREGATION_TABLE).fetchall(), key=repr)
         assert table == sorted(conn.execute(FRESH_GROUP_BY).fetchall(), key=repr), "aggregates differ from GROUP BY"
 
-    upsert_rate, aggregate_rate = load.changes / upsert_seconds, load.changes / aggregate_seconds
+    runs = (
+        ("plain upsert (type: postgres):    ", upsert_run),
+        ("postgres_aggregate, 5 aggregates: ", aggregate_run),
+    )
+    rates = [load.changes / (end - start) for _, (start, end, _) in runs]
     print()
     print(machine_line())
     print(f"groups in the aggregation table:     {len(table):8,}")
-    for label, seconds, rate, batches in (
-        ("plain upsert (type: postgres):    ", upsert_seconds, upsert_rate, upsert_batches),
-        ("postgres_aggregate, 5 aggregates: ", aggregate_seconds, aggregate_rate, aggregate_batches),
-    ):
-        print(f"{label}   {seconds:8.1f} s  {rate:8,.0f} changes/s  ({batches} micro-batches)")
-    print(f"aggregate / upsert throughput:       {aggregate_rate / upsert_rate:8.2f}")
+    for (label, (start, end, batches)), rate in zip(runs, rates, strict=True):
+        print(f"{label}   {end - start:8.1f} s  {rate:8,.0f} changes/s  ({batches} micro-batches)")
+    print(f"aggregate / upsert throughput:       {rates[1] / rates[0]:8.2f}")
     print("landing table verified equal to the expected state; aggregates equal to a fresh GROUP BY")
+    # Where a run's wall time went on a machine its services share: CPU it needed, and cores it left idle.
+    print("the machine's CPU over each run: busy and idle core-seconds, then cores busy every 0.5 s")
+    for label, (start, end, _) in runs:
+        busy, idle = cpu.window(start, end)
+        slices = " ".join(f"{cores:.1f}" for cores in cpu.cores_busy(start, end))
+        print(f"{label}   {busy:5.1f} busy {idle:5.1f} idle   {slices}")
 
 
 if __name__ == "__main__":

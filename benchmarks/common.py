@@ -10,6 +10,7 @@ import platform
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -142,11 +143,94 @@ def prepare_pipeline(
 
 def timed_run(pipeline: Pipeline, settings: Settings, spark: Any, source: str = "orders") -> tuple[float, int]:
     """Run the pipeline to catch-up: (seconds from its first micro-batch to catch-up, micro-batches)."""
+    start, end, batches = timed_window(pipeline, settings, spark, source)
+    return end - start, batches
+
+
+def timed_window(
+    pipeline: Pipeline, settings: Settings, spark: Any, source: str = "orders"
+) -> tuple[float, float, int]:
+    """Run the pipeline to catch-up: (its first micro-batch's start, catch-up, micro-batches), in
+    ``time.monotonic()`` seconds, the clock :class:`MachineCpu` samples on."""
     from cdcsync.runtime.stream import PipelineRunner
 
     stats = PipelineRunner(pipeline, settings, available_now=True).run(spark).sources[source]
     assert stats.first_batch_at is not None and stats.last_batch_done_at is not None
-    return stats.last_batch_done_at - stats.first_batch_at, stats.batches
+    return stats.first_batch_at, stats.last_batch_done_at, stats.batches
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    at: float
+    """``time.monotonic()`` seconds."""
+    busy: float
+    """Core-seconds the machine has spent busy (``/proc/stat``: all but idle and iowait) since boot."""
+    idle: float
+
+
+class MachineCpu:
+    """The whole machine's busy and idle core-seconds over a window, from ``/proc/stat`` sampled on a thread.
+
+    Why: where Kafka, Postgres and Spark share the cores, a run's wall time is the CPU it needs spread over the
+    cores plus the time it leaves a core idle, such as a merge that runs alone after the last batch is staged.
+    Busy and idle core-seconds, and how many cores were busy slice by slice, say which of the two a difference
+    between two runs comes from (docs/benchmarks.md, session 23).
+    """
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import threading
+
+        self.interval = interval
+        self.samples: list[CpuSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="machine-cpu", daemon=True)
+
+    def __enter__(self) -> MachineCpu:
+        self._sample()  # the first before anything the block runs, the last after (``__exit__``)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        with open("/proc/stat") as stat:
+            jiffies = [int(field) for field in stat.readline().split()[1:]]
+        idle = jiffies[3] + jiffies[4]  # idle, iowait
+        ticks = os.sysconf("SC_CLK_TCK")
+        self.samples.append(CpuSample(time.monotonic(), (sum(jiffies) - idle) / ticks, idle / ticks))
+
+    def window(self, start: float, end: float) -> tuple[float, float]:
+        """(busy, idle) core-seconds between ``start`` and ``end``."""
+        first, last = self._at(start), self._at(end)
+        return last.busy - first.busy, last.idle - first.idle
+
+    def cores_busy(self, start: float, end: float, step: float = 0.5) -> list[float]:
+        """How many cores were busy on average in each ``step`` seconds from ``start`` (the last slice may be
+        shorter)."""
+        edges = [start + i * step for i in range(int((end - start) / step) + 1)]
+        if edges[-1] < end - step / 10:
+            edges.append(end)
+        busy = [self._at(edge).busy for edge in edges]
+        return [(b1 - b0) / (t1 - t0) for b0, b1, t0, t1 in zip(busy, busy[1:], edges, edges[1:], strict=False)]
+
+    def _at(self, moment: float) -> CpuSample:
+        """The counters at ``moment``, interpolated between the samples around it."""
+        samples = self.samples
+        if not samples or not samples[0].at <= moment <= samples[-1].at:
+            raise ValueError(f"no CPU samples around {moment:.3f} (sampled {len(samples)} times)")
+        after = next(i for i, sample in enumerate(samples) if sample.at >= moment)
+        if samples[after].at == moment or after == 0:
+            return samples[after]
+        a, b = samples[after - 1], samples[after]
+        share = (moment - a.at) / (b.at - a.at)
+        return CpuSample(moment, a.busy + share * (b.busy - a.busy), a.idle + share * (b.idle - a.idle))
 
 
 # The real command as a subprocess (``cdcsync init|migrate|run``): what latency.py and memory.py time or watch.
