@@ -21,7 +21,6 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from benchmarks.common import (
     MachineCpu,
+    Scratch,
     add_service_arguments,
     bench_services,
-    fresh_database,
     machine_line,
     prepare_pipeline,
     timed_window,
@@ -63,8 +62,12 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=10_000)
     add_service_arguments(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp, bench_services(args, Path(tmp)) as services:
-        run(args, Path(tmp), services.admin_dsn, services.bootstrap)
+    with (
+        tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp,
+        bench_services(args, Path(tmp)) as services,
+        Scratch(services) as scratch,
+    ):
+        run(args, Path(tmp), scratch)
 
 
 def aggregate_sink(aggregates: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -89,10 +92,11 @@ def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: 
     return timed_window(pipeline, prepare_pipeline(pipeline, root, dsn, bootstrap), spark)
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch) -> None:
     import psycopg
 
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+    bootstrap = scratch.bootstrap
+    topic = scratch.topic()
     load = workload.generate(args.changes, args.keys, seed=1, customers=args.groups)
     messages = workload.produce(bootstrap, topic, load.events, partitions=4)
     print(
@@ -105,9 +109,9 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         "bench_upsert", topic, columns, {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}
     )
     aggregate = _pipeline("bench_aggregate", topic, columns, aggregate_sink(AGGREGATES))
-    upsert_dsn, aggregate_dsn = fresh_database(admin_dsn, "bench"), fresh_database(admin_dsn, "bench")
+    upsert_dsn, aggregate_dsn = scratch.database(), scratch.database()
     # A short run first, so that neither timed run pays the JVM's warm-up.
-    warm_topic = f"{topic}_warmup"
+    warm_topic = scratch.topic("bench.public.warmup")
     workload.produce(bootstrap, warm_topic, workload.generate(50_000, 5_000, seed=2).events, partitions=4)
     warm_up = _pipeline(
         "bench_warmup", warm_topic, columns, {"type": "postgres", "from": "orders", "schema": "app", "table": "warm"}
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     print(f"spark session started in {time.perf_counter() - t0:.1f}s", flush=True)
     with MachineCpu() as cpu:
         try:
-            _timed_run(warm_up, root, fresh_database(admin_dsn, "bench"), bootstrap, spark)
+            _timed_run(warm_up, root, scratch.database(), bootstrap, spark)
             upsert_run = _timed_run(upsert, root, upsert_dsn, bootstrap, spark)
             aggregate_run = _timed_run(aggregate, root, aggregate_dsn, bootstrap, spark)
         finally:

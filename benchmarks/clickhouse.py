@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from benchmarks.common import add_service_arguments, bench_services, fresh_database, machine_line
+from benchmarks.common import Scratch, add_service_arguments, bench_services, machine_line
 from cdcsync import migrations
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
@@ -50,13 +50,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cdcsync-bench-ch-") as tmp, bench_services(args, Path(tmp)) as services:
         if not services.clickhouse_url:
             parser.error("--clickhouse-url is needed with --postgres-dsn and --bootstrap")
-        run(args, Path(tmp), services.admin_dsn, services.bootstrap, services.clickhouse_url)
+        with Scratch(services) as scratch:
+            run(args, Path(tmp), scratch, services.clickhouse_url)
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, clickhouse_url: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch, clickhouse_url: str) -> None:
     import psycopg
 
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+    bootstrap = scratch.bootstrap
+    topic = scratch.topic()
     t0 = time.perf_counter()
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=False)
     generated = time.perf_counter() - t0
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, cl
         flush=True,
     )
 
-    dsn = fresh_database(admin_dsn, "benchch")
+    dsn = scratch.database("benchch")
     database = f"bench_{uuid.uuid4().hex[:8]}"
     source: dict[str, Any] = {"type": "kafka", "topic": topic, "primary_key": "id", "columns": dict(load.columns)}
     if args.max_offsets_per_trigger:

@@ -18,16 +18,15 @@ import contextlib
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import (
+    Scratch,
     add_service_arguments,
     bench_services,
-    fresh_database,
     machine_line,
     prepare_pipeline,
     timed_run,
@@ -50,7 +49,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-delta-")))
         services = stack.enter_context(bench_services(args, tmp))
-        run(args, tmp, services.admin_dsn, services.bootstrap)
+        run(args, tmp, stack.enter_context(Scratch(services)))
 
 
 def pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, Any], max_offsets: int | None) -> Any:
@@ -62,11 +61,12 @@ def pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, Any
     )
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch) -> None:
     import psycopg
 
+    bootstrap = scratch.bootstrap
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=False)
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+    topic = scratch.topic()
     messages = workload.produce(bootstrap, topic, load.events, partitions=4)
     print(f"produced {load.changes:,} changes ({messages:,} messages) over {args.keys:,} keys", flush=True)
     lake = root / "lake" / "orders"
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         "bench_delta", topic, load.columns, {"type": "delta", "path": str(lake)}, args.max_offsets_per_trigger
     )
 
-    dsn = fresh_database(admin_dsn, "bench")
+    dsn = scratch.database()
     pg_settings = prepare_pipeline(postgres, root, dsn, bootstrap)
     delta_settings = prepare_pipeline(delta, root, dsn, bootstrap)
     t0 = time.perf_counter()

@@ -20,16 +20,15 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import (
+    Scratch,
     add_service_arguments,
     bench_services,
-    fresh_database,
     machine_line,
     prepare_pipeline,
     timed_run,
@@ -62,8 +61,12 @@ def main() -> None:
     parser.add_argument("--lookup-keys", type=int, default=1_000_000)
     add_service_arguments(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp, bench_services(args, Path(tmp)) as services:
-        run(args, Path(tmp), services.admin_dsn, services.bootstrap)
+    with (
+        tempfile.TemporaryDirectory(prefix="cdcsync-bench-") as tmp,
+        bench_services(args, Path(tmp)) as services,
+        Scratch(services) as scratch,
+    ):
+        run(args, Path(tmp), scratch)
 
 
 def bench_pipeline(name: str, topic: str, transform_sql: str | None) -> Pipeline:
@@ -93,10 +96,11 @@ def members_rows(expected: dict[int, dict[str, Any]], lookup_keys: int) -> dict[
     return {key: row for key, row in expected.items() if (row["customer_id"] - 1) % step == 0}
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch) -> None:
     import psycopg
 
-    topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
+    bootstrap = scratch.bootstrap
+    topic = scratch.topic()
     load = workload.generate(args.changes, args.keys, seed=1, customers=CUSTOMERS)
     messages = workload.produce(bootstrap, topic, load.events, partitions=4)
     print(f"produced {load.changes:,} changes over {args.keys:,} keys ({messages:,} messages)", flush=True)
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
         "transform": bench_pipeline("bench_transform", topic, TRANSFORM_SQL),
         "lookup": bench_pipeline("bench_lookup", topic, LOOKUP_SQL),
     }
-    databases = {label: fresh_database(admin_dsn, "bench") for label in pipelines}
+    databases = {label: scratch.database() for label in pipelines}
     settings = {
         label: prepare_pipeline(pipeline, root, databases[label], bootstrap) for label, pipeline in pipelines.items()
     }
@@ -114,10 +118,10 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str) ->
     # A short run first, so that no timed run pays the JVM's warm-up: a lookup against a small table, which runs
     # the transform path and the check's Python function too (its first batch would otherwise pay their JIT
     # compilation and the start of the Python workers that run it: about 1.7 s).
-    warm_topic = f"{topic}_warmup"
+    warm_topic = scratch.topic("bench.public.warmup")
     workload.produce(bootstrap, warm_topic, workload.generate(50_000, 5_000, seed=2).events, partitions=4)
     warm_up = bench_pipeline("bench_warmup", warm_topic, LOOKUP_SQL)
-    warm_database = fresh_database(admin_dsn, "bench")
+    warm_database = scratch.database()
     warm_settings = prepare_pipeline(warm_up, root, warm_database, bootstrap)
     fill_members(warm_database, 1_000)
 

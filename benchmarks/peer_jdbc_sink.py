@@ -35,7 +35,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,10 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks.common import (
+    Scratch,
     add_service_arguments,
     bench_services,
-    delete_topics,
-    fresh_database,
     key_value,
     machine_line,
     prepare_pipeline,
@@ -204,12 +202,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-peer-")))
         services = stack.enter_context(bench_services(args, root))
-        topic = f"bench.public.orders_{uuid.uuid4().hex[:8]}"
-        stack.callback(delete_topics, services.bootstrap, [topic])  # ~3 GB of wrapped changes a run
-        run(args, root, services.admin_dsn, services.bootstrap, topic)
+        scratch = stack.enter_context(Scratch(services))
+        run(args, root, scratch, services.bootstrap, scratch.topic())  # ~3 GB of wrapped changes a run
 
 
-def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, topic: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch, bootstrap: str, topic: str) -> None:
     from benchmarks import jdbc_sink
 
     load_before = os.getloadavg()[0]
@@ -230,9 +227,9 @@ def run(args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, to
 
     runs: list[SystemRun] = []
     if args.only in (None, "cdcsync"):
-        runs.append(run_cdcsync(root, admin_dsn, bootstrap, topic, load, arrival))
+        runs.append(run_cdcsync(root, scratch, bootstrap, topic, load, arrival))
     if args.only in (None, "jdbc"):
-        runs.append(run_jdbc_sink(args, root, admin_dsn, bootstrap, topic, load, arrival, ends))
+        runs.append(run_jdbc_sink(args, root, scratch, bootstrap, topic, load, arrival, ends))
 
     changes = load.changes + len(replays)
     print()
@@ -255,7 +252,7 @@ def _bytes_per_change(load: workload.Workload) -> float:
 
 def run_cdcsync(
     root: Path,
-    admin_dsn: str,
+    scratch: Scratch,
     bootstrap: str,
     topic: str,
     load: workload.Workload,
@@ -265,7 +262,7 @@ def run_cdcsync(
     from cdcsync.config.settings import load_settings
     from cdcsync.runtime.spark import build_spark_session
 
-    dsn = fresh_database(admin_dsn, "peer_cdcsync")
+    dsn = scratch.database("peer_cdcsync")
     pipeline = validate_pipeline_dict(
         {
             "name": "peer_cdcsync",
@@ -299,7 +296,7 @@ def run_cdcsync(
 def run_jdbc_sink(
     args: argparse.Namespace,
     root: Path,
-    admin_dsn: str,
+    scratch: Scratch,
     bootstrap: str,
     topic: str,
     load: workload.Workload,
@@ -310,7 +307,7 @@ def run_jdbc_sink(
 
     from benchmarks import jdbc_sink
 
-    dsn = fresh_database(admin_dsn, "peer_jdbc")
+    dsn = scratch.database("peer_jdbc")
     _create_table(dsn, "public", load.columns)
     info = conninfo_to_dict(dsn)
     config = jdbc_sink.connector_config(

@@ -35,7 +35,6 @@ import io
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from benchmarks.common import add_service_arguments, bench_services, delete_topics, fresh_database, machine_line
+from benchmarks.common import Scratch, add_service_arguments, bench_services, machine_line
 from benchmarks.decode import apicurio_registry, decoder_seconds
 from cdcsync.config.load import validate_pipeline_dict
 from cdcsync.config.settings import load_settings
@@ -95,11 +94,11 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-")))
         services = stack.enter_context(bench_services(args, tmp))
         registry_url = stack.enter_context(_registry(args.format, services.schema_registry_url))
-        topics = {"json": f"bench.public.orders_{uuid.uuid4().hex[:8]}"}
+        scratch = stack.enter_context(Scratch(services))
+        topics = {"json": scratch.topic()}
         if args.format == "avro":
-            topics["avro"] = f"bench.public.orders_avro_{uuid.uuid4().hex[:8]}"
-        stack.callback(delete_topics, services.bootstrap, list(topics.values()))
-        run(args, tmp, services.admin_dsn, services.bootstrap, registry_url, topics)
+            topics["avro"] = scratch.topic("bench.public.orders_avro")
+        run(args, tmp, scratch, registry_url, topics)
 
 
 @contextlib.contextmanager
@@ -112,10 +111,10 @@ def _registry(fmt: str, given: str) -> Iterator[str]:
         yield url
 
 
-def run(
-    args: argparse.Namespace, root: Path, admin_dsn: str, bootstrap: str, registry_url: str, topics: dict[str, str]
-) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch, registry_url: str, topics: dict[str, str]) -> None:
     import psycopg
+
+    bootstrap = scratch.bootstrap
 
     t0 = time.perf_counter()
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=False)
@@ -144,11 +143,11 @@ def run(
     spark_start = time.perf_counter() - t0
     try:
         for one in runs:
-            mirror(one, args, root, admin_dsn, bootstrap, registry_url, topics[one.name], load, spark)
+            mirror(one, args, root, scratch, registry_url, topics[one.name], load, spark)
         if args.blackhole:
             ceiling = FormatRun("blackhole", load.events, messages=runs[0].messages)
             sink = {"type": "blackhole", "from": "orders"}
-            mirror(ceiling, args, root, admin_dsn, bootstrap, registry_url, topics["json"], load, spark, sink)
+            mirror(ceiling, args, root, scratch, registry_url, topics["json"], load, spark, sink)
     finally:
         spark.stop()
 
@@ -215,8 +214,7 @@ def mirror(
     one: FormatRun,
     args: argparse.Namespace,
     root: Path,
-    admin_dsn: str,
-    bootstrap: str,
+    scratch: Scratch,
     registry_url: str,
     topic: str,
     load: workload.Workload,
@@ -230,7 +228,7 @@ def mirror(
     from cdcsync import migrations
     from cdcsync.migrations import POSTGRES
 
-    one.dsn = fresh_database(admin_dsn, "bench")
+    one.dsn = scratch.database()
     source: dict[str, Any] = {
         "type": "kafka",
         "topic": topic,
@@ -251,7 +249,7 @@ def mirror(
     )
     settings = load_settings(
         postgres__dsn=one.dsn,
-        kafka__bootstrap_servers=bootstrap,
+        kafka__bootstrap_servers=scratch.bootstrap,
         schema_registry__url=registry_url or None,
         state_dir=root / "state" / one.name,
         migrations_dir=root / "migrations" / one.name,
