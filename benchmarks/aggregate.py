@@ -9,8 +9,8 @@
 4. checks the landing table equals the expected final state and the aggregation table equals a fresh
    ``SELECT ... GROUP BY`` over it;
 5. prints changes/s of both and their ratio: what the triggers cost; then the whole machine's busy and idle
-   core-seconds over each run and how many cores were busy every half second, which tell CPU the aggregate
-   needs from cores it leaves idle while its last merges run alone.
+   core-seconds over each run and how many cores were busy every half second, which tell the CPU a run needed
+   apart from the cores it left idle (the aggregate's last merges run alone).
 
 Prints its figures; asserts only correctness.
 """
@@ -88,7 +88,7 @@ def _pipeline(name: str, topic: str, columns: dict[str, str], sink: dict[str, An
     return validate_pipeline_dict({"name": name, "sources": {"orders": source}, "sinks": {"sink": sink}})
 
 
-def _timed_run(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, float, int]:
+def _timed_window(pipeline: Pipeline, root: Path, dsn: str, bootstrap: str, spark: Any) -> tuple[float, float, int]:
     return timed_window(pipeline, prepare_pipeline(pipeline, root, dsn, bootstrap), spark)
 
 
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace, root: Path, scratch: Scratch) -> None:
     print(f"spark session started in {time.perf_counter() - t0:.1f}s", flush=True)
     with MachineCpu() as cpu:
         try:
-            _timed_run(warm_up, root, scratch.database(), bootstrap, spark)
-            upsert_run = _timed_run(upsert, root, upsert_dsn, bootstrap, spark)
-            aggregate_run = _timed_run(aggregate, root, aggregate_dsn, bootstrap, spark)
+            _timed_window(warm_up, root, scratch.database(), bootstrap, spark)
+            upsert_run = _timed_window(upsert, root, upsert_dsn, bootstrap, spark)
+            aggregate_run = _timed_window(aggregate, root, aggregate_dsn, bootstrap, spark)
         finally:
             spark.stop()
 
