@@ -203,12 +203,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdcsync-bench-peer-")))
         services = stack.enter_context(bench_services(args, root))
         scratch = stack.enter_context(Scratch(services))
-        run(args, root, scratch, services.bootstrap, scratch.topic())  # ~3 GB of wrapped changes a run
+        run(args, root, scratch, scratch.topic())  # ~3 GB of wrapped changes a run
 
 
-def run(args: argparse.Namespace, root: Path, scratch: Scratch, bootstrap: str, topic: str) -> None:
+def run(args: argparse.Namespace, root: Path, scratch: Scratch, topic: str) -> None:
     from benchmarks import jdbc_sink
 
+    bootstrap = scratch.bootstrap
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     load = workload.generate(args.changes, args.keys, seed=1, wrapped=True)
