@@ -182,6 +182,7 @@ class MachineCpu:
 
         self.interval = interval
         self.samples: list[CpuSample] = []
+        self._ticks = os.sysconf("SC_CLK_TCK")  # /proc/stat's unit, per second
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_until_stopped, name="machine-cpu", daemon=True)
 
@@ -203,8 +204,7 @@ class MachineCpu:
         with open("/proc/stat") as stat:
             jiffies = [int(field) for field in stat.readline().split()[1:]]
         idle = jiffies[3] + jiffies[4]  # idle, iowait
-        ticks = os.sysconf("SC_CLK_TCK")
-        self.samples.append(CpuSample(time.monotonic(), (sum(jiffies) - idle) / ticks, idle / ticks))
+        self.samples.append(CpuSample(time.monotonic(), (sum(jiffies) - idle) / self._ticks, idle / self._ticks))
 
     def window(self, start: float, end: float) -> tuple[float, float]:
         """(busy, idle) core-seconds between ``start`` and ``end``."""

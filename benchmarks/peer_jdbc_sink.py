@@ -228,9 +228,9 @@ def run(args: argparse.Namespace, root: Path, scratch: Scratch, topic: str) -> N
 
     runs: list[SystemRun] = []
     if args.only in (None, "cdcsync"):
-        runs.append(run_cdcsync(root, scratch, bootstrap, topic, load, arrival))
+        runs.append(run_cdcsync(root, scratch, topic, load, arrival))
     if args.only in (None, "jdbc"):
-        runs.append(run_jdbc_sink(args, root, scratch, bootstrap, topic, load, arrival, ends))
+        runs.append(run_jdbc_sink(args, root, scratch, topic, load, arrival, ends))
 
     changes = load.changes + len(replays)
     print()
@@ -254,7 +254,6 @@ def _bytes_per_change(load: workload.Workload) -> float:
 def run_cdcsync(
     root: Path,
     scratch: Scratch,
-    bootstrap: str,
     topic: str,
     load: workload.Workload,
     arrival: Mapping[int, Row] | None,
@@ -279,10 +278,11 @@ def run_cdcsync(
             "sinks": {"mirror": {"type": "postgres", "from": "orders", "schema": "app", "table": "orders"}},
         }
     )
-    settings = prepare_pipeline(pipeline, root, dsn, bootstrap)
+    settings = prepare_pipeline(pipeline, root, dsn, scratch.bootstrap)
     print("cdcsync: starting Spark and mirroring …", flush=True)
     started = time.monotonic()
-    spark = build_spark_session(load_settings(kafka__bootstrap_servers=bootstrap, state_dir=root / "spark"), "peer")
+    spark_settings = load_settings(kafka__bootstrap_servers=scratch.bootstrap, state_dir=root / "spark")
+    spark = build_spark_session(spark_settings, "peer")
     try:
         streaming_s, batches = timed_run(pipeline, settings, spark)
         wall_s = time.monotonic() - started
@@ -298,7 +298,6 @@ def run_jdbc_sink(
     args: argparse.Namespace,
     root: Path,
     scratch: Scratch,
-    bootstrap: str,
     topic: str,
     load: workload.Workload,
     arrival: Mapping[int, Row] | None,
@@ -323,9 +322,9 @@ def run_jdbc_sink(
     )
     print(f"JDBC sink: starting Kafka Connect on port {args.connect_port} and mirroring …", flush=True)
     started = time.monotonic()
-    with jdbc_sink.connect_worker(root, bootstrap, args.connect_port) as connect_url:
+    with jdbc_sink.connect_worker(root, scratch.bootstrap, args.connect_port) as connect_url:
         times = jdbc_sink.run_connector(
-            connect_url, "peer-jdbc-sink", config, bootstrap, ends, timeout_s=float(args.timeout)
+            connect_url, "peer-jdbc-sink", config, scratch.bootstrap, ends, timeout_s=float(args.timeout)
         )
     one = SystemRun(
         "Debezium JDBC sink",
